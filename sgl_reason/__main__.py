@@ -1,0 +1,5 @@
+import sys
+
+from sgl_reason.cli import main
+
+sys.exit(main())

@@ -1,0 +1,118 @@
+"""The ``sgl-reason`` command line: ``model``, ``serve`` (and, later, ``bench``, ``eval``)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import time
+
+logger = logging.getLogger("sgl_reason")
+
+
+def _cmd_model(args: argparse.Namespace) -> int:
+    from sgl_reason import model
+
+    if args.action == "path":
+        path = model.default_model_path()
+        if not model.is_prepared(path):
+            print(f"not prepared: run `sgl-reason model prepare` (would be {path})", file=sys.stderr)
+            return 1
+        print(path)
+        return 0
+    start = time.monotonic()
+    already = model.is_prepared(model.default_model_path(args.dtype)) and not args.force
+    path = model.prepare(dtype=args.dtype, force=args.force)
+    verb = "already prepared" if already else f"prepared in {time.monotonic() - start:.1f} s"
+    print(f"{path} ({verb})")
+    return 0
+
+
+def _cmd_serve(args: argparse.Namespace, sglang_args: list[str]) -> int:
+    from sgl_reason.runtime.server import ServerProcess
+
+    server = ServerProcess(
+        model=args.model, host=args.host, port=args.port, extra_args=sglang_args,
+        log_sink=lambda line: print(line, flush=True),
+    )
+    stopping = False
+
+    def on_signal(signum, _frame):
+        nonlocal stopping
+        if not stopping:
+            stopping = True
+            raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_signal)
+    started = time.monotonic()
+    try:
+        server.start(timeout=args.startup_timeout)
+        print(
+            f"sgl-reason: SGLang server ready at {server.url} in "
+            f"{time.monotonic() - started:.1f} s (pid {server.pid}); Ctrl-C stops it.",
+            flush=True,
+        )
+        server.proc.wait()
+        print(f"sgl-reason: server exited with code {server.proc.returncode}", file=sys.stderr)
+        return server.proc.returncode or 1
+    except KeyboardInterrupt:
+        print("sgl-reason: stopping the server ...", file=sys.stderr, flush=True)
+        return 0
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # no second interrupt mid-cleanup
+        server.stop()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sgl-reason", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("model", help="prepare or locate the offline default model")
+    p.add_argument("action", choices=["prepare", "path"])
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    p.add_argument("--force", action="store_true", help="convert again even if prepared")
+
+    p = sub.add_parser(
+        "serve",
+        help="start the real SGLang HTTP server (unknown flags go to sglang.launch_server)",
+        description="Start SGLang's HTTP server. Flags not listed here are passed to "
+        "sglang.launch_server unchanged. Without CUDA, CPU defaults apply unless overridden: "
+        "--device cpu --attention-backend torch_native --max-total-tokens 16384 "
+        "--mem-fraction-static 0.05, host 127.0.0.1.",
+    )
+    p.add_argument("--model", "--model-path", dest="model", default=None,
+                   help="local model folder (default: the prepared SmolLM2-135M-Instruct)")
+    p.add_argument("--port", type=int, default=None, help="default: a free port")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--startup-timeout", type=float, default=300.0, help="seconds")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    if args.command != "serve" and rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    from sgl_reason.model import ModelPrepareError
+    from sgl_reason.runtime.server import ServerStartError
+
+    try:
+        if args.command == "model":
+            return _cmd_model(args)
+        if args.command == "serve":
+            return _cmd_serve(args, rest)
+    except (ModelPrepareError, ServerStartError) as error:
+        print(f"sgl-reason: error: {error}", file=sys.stderr)
+        return 2
+    parser.error(f"unknown command {args.command}")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

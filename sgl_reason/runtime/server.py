@@ -1,0 +1,270 @@
+"""Start, watch and stop one real SGLang HTTP server process group.
+
+Shared by ``sgl-reason serve`` (foreground, log to the terminal) and :class:`EmbeddedRuntime`
+(background, log kept in memory). The server runs in its own session, so stopping it stops the
+launcher, the scheduler and the detokenizer together, by the group's id.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import requests
+
+logger = logging.getLogger(__name__)
+
+# Applied on machines without CUDA unless the user passed the flag. The pool is bounded because
+# SGLang sizes it from free RAM by default (15 GB and 44 s to allocate on a 24 GB machine).
+CPU_DEFAULTS: dict[str, str | None] = {
+    "--device": "cpu",
+    "--attention-backend": "torch_native",
+    "--max-total-tokens": "16384",
+    "--mem-fraction-static": "0.05",
+}
+DEFAULT_HOST = "127.0.0.1"
+LOG_TAIL_LINES = 60
+# The smallest pool that serves SGLang's own warm-up and a short request.
+MIN_TOTAL_TOKENS = 256
+
+
+class ServerStartError(RuntimeError):
+    """The server did not become ready; the message carries the tail of its log."""
+
+
+def cuda_available() -> bool:
+    """CUDA kernels and a CUDA device: only then is the server left on SGLang's GPU defaults."""
+    from sgl_reason.runtime import cpu_compat
+
+    if not cpu_compat.has_real_kernels():
+        return False
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def free_port(host: str = DEFAULT_HOST) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def check_port_free(host: str, port: int) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as error:
+            raise ServerStartError(
+                f"Port {port} on {host} is in use ({error.strerror}). Pass another --port, or "
+                "leave --port out to pick a free one."
+            ) from None
+
+
+def flag_value(args: Sequence[str], flag: str) -> str | None:
+    """The value of ``--flag V`` or ``--flag=V`` in an argument list (last one wins)."""
+    value = None
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            value = args[i + 1]
+        elif arg.startswith(flag + "="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
+def has_flag(args: Sequence[str], flag: str) -> bool:
+    return any(a == flag or a.startswith(flag + "=") for a in args)
+
+
+def build_server_args(
+    model: str | Path, host: str, port: int, extra: Sequence[str], cpu: bool
+) -> list[str]:
+    """The ``sglang.launch_server`` argument list: the user's flags win over CPU defaults."""
+    args = ["--model-path", str(model), "--host", host, "--port", str(port)]
+    if cpu:
+        for flag, value in CPU_DEFAULTS.items():
+            if not has_flag(extra, flag):
+                args += [flag] if value is None else [flag, value]
+    args += list(extra)
+    total = flag_value(args, "--max-total-tokens")
+    if total is not None and int(total) < MIN_TOTAL_TOKENS:
+        raise ServerStartError(
+            f"--max-total-tokens {total} is too small: the server needs at least "
+            f"{MIN_TOTAL_TOKENS} KV slots for its warm-up. Pass --max-total-tokens >= "
+            f"{MIN_TOTAL_TOKENS} (the longest request's prompt plus max_new_tokens)."
+        )
+    return args
+
+
+def resolve_model(model: str | Path | None) -> Path:
+    """``None`` means the prepared default model; any other path must exist."""
+    from sgl_reason import model as default_model
+
+    if model is None:
+        path = default_model.default_model_path()
+        if not default_model.is_prepared(path):
+            raise ServerStartError(
+                f"The default model is not prepared at {path}. Run `sgl-reason model prepare` "
+                "(or `make setup model`), or pass --model PATH."
+            )
+        return path
+    path = Path(model).expanduser()
+    if not path.is_dir() or not (path / "config.json").is_file():
+        raise ServerStartError(
+            f"Model path {str(model)!r} is not a model folder (no config.json there). Pass a local "
+            "Hugging Face model folder with --model, or run `sgl-reason model prepare` and omit "
+            "--model to use the default model. Models are never downloaded at run time."
+        )
+    return path
+
+
+class ServerProcess:
+    """One SGLang server process group.
+
+    Contract: :meth:`start` returns once ``/health`` answers 200, or raises
+    :class:`ServerStartError` with the log tail after stopping whatever it started;
+    :meth:`stop` is idempotent and leaves no process of the group running.
+    """
+
+    def __init__(
+        self,
+        model: str | Path | None = None,
+        host: str = DEFAULT_HOST,
+        port: int | None = None,
+        extra_args: Sequence[str] = (),
+        log_sink: Callable[[str], None] | None = None,
+        env: dict[str, str] | None = None,
+        module: str = "sglang.launch_server",
+    ):
+        self.model = resolve_model(model)
+        self.host = host
+        if port is None:
+            port = free_port(host)
+        else:
+            check_port_free(host, port)
+        self.port = port
+        self.cpu = not cuda_available()
+        self.args = build_server_args(self.model, host, port, extra_args, self.cpu)
+        self.module = module
+        self.env = env or {}
+        self.log_sink = log_sink
+        self.log_tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
+        self.proc: subprocess.Popen | None = None
+        self._reader: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", self.module, *self.args]
+
+    def start(self, timeout: float = 180.0) -> "ServerProcess":
+        env = dict(os.environ)
+        env.setdefault("HF_HUB_OFFLINE", "1")
+        env.setdefault("TRANSFORMERS_OFFLINE", "1")
+        env.update(self.env)
+        self.proc = subprocess.Popen(
+            self.command(),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,  # its own process group, stopped by id
+            text=True,
+            bufsize=1,
+        )
+        self._reader = threading.Thread(target=self._read_log, daemon=True)
+        self._reader.start()
+        try:
+            self._wait_ready(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _read_log(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        for line in self.proc.stdout:
+            line = line.rstrip("\n")
+            self.log_tail.append(line)
+            if self.log_sink is not None:
+                self.log_sink(line)
+
+    def _wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                self._reader.join(timeout=5)
+                raise ServerStartError(
+                    f"The SGLang server exited with code {self.proc.returncode} before it was "
+                    f"ready. Command: {' '.join(self.command())}\nLast log lines:\n{self.tail()}"
+                )
+            try:
+                if requests.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(0.25)
+        raise ServerStartError(
+            f"The SGLang server was not ready after {timeout:.0f} s. Raise the start-up timeout "
+            f"if the machine is slow.\nLast log lines:\n{self.tail()}"
+        )
+
+    def tail(self, n: int = 30) -> str:
+        return "\n".join(list(self.log_tail)[-n:])
+
+    def group_pids(self) -> list[int]:
+        """Pids of processes still alive in the server's process group."""
+        if self.proc is None:
+            return []
+        import psutil
+
+        pids = []
+        for p in psutil.process_iter(["pid"]):
+            try:
+                if os.getpgid(p.pid) == self.proc.pid and p.status() != psutil.STATUS_ZOMBIE:
+                    pids.append(p.pid)
+            except (ProcessLookupError, psutil.Error):
+                continue
+        return pids
+
+    def stop(self, grace: float = 20.0) -> None:
+        """SIGTERM the group, wait for it to drain, then SIGKILL whatever is left."""
+        if self.proc is None:
+            return
+        pgid = self.proc.pid
+        _signal_group(pgid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            logger.warning("server group %d did not stop in %.0f s; killing it", pgid, grace)
+        deadline = time.monotonic() + grace
+        while self.group_pids() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        _signal_group(pgid, signal.SIGKILL)
+        self.proc.wait()
+        if self._reader is not None:
+            self._reader.join(timeout=5)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass

@@ -1,0 +1,101 @@
+"""The real SGLang server on CPU: generation, prefix reuse, forks, clean shutdown, errors."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+import requests
+
+from sgl_reason import EmbeddedRuntime, RequestError, ServerStartError
+
+pytestmark = pytest.mark.server
+
+
+def test_generate_returns_tokens(runtime):
+    out = runtime.generate("The capital of France is", max_new_tokens=8, temperature=0)
+    assert out["meta_info"]["completion_tokens"] == 8
+    assert len(out["output_ids"]) == 8 and out["text"]
+
+
+def test_shared_prefix_is_reused(fresh_cache):
+    """A second request sharing a 1,000-token prefix reuses >= 90% of it."""
+    prefix = "".join(f"Fact {i}: the number {i} is {'even' if i % 2 == 0 else 'odd'}. " for i in range(200))
+    first = fresh_cache.generate(prefix + "Question A?", max_new_tokens=1, temperature=0)
+    prefix_tokens = first["meta_info"]["prompt_tokens"]
+    assert prefix_tokens >= 1000
+    second = fresh_cache.generate(prefix + "Question B?", max_new_tokens=1, temperature=0)
+    assert first["meta_info"]["cached_tokens"] == 0
+    assert second["meta_info"]["cached_tokens"] >= 0.9 * prefix_tokens
+
+
+def test_frontend_fork_shares_the_prefix(fresh_cache):
+    import sglang as sgl
+
+    @sgl.function
+    def branches(s, prompt):
+        s += prompt
+        s.sync()  # commit the prefix before forking (SGLang's fork races otherwise)
+        forks = s.fork(4)
+        for i, f in enumerate(forks):
+            f += f" Branch {i}:"
+            f += sgl.gen("out", max_tokens=4, temperature=0.7)
+        s["outs"] = [f["out"] for f in forks]
+        s["cached"] = [f.get_meta_info("out")["cached_tokens"] for f in forks]
+        s["prompt"] = [f.get_meta_info("out")["prompt_tokens"] for f in forks]
+
+    prompt = "A long shared context. " * 60
+    state = branches.run(prompt=prompt, backend=fresh_cache.endpoint)
+    assert len(state["outs"]) == 4
+    for cached, total in zip(state["cached"], state["prompt"]):
+        assert cached >= total - 8, (state["cached"], state["prompt"])
+
+
+def test_runtime_cleanup_and_pool_limit():
+    """A second embedded server: a too-long request names the fix; exit leaves no process."""
+    with EmbeddedRuntime(extra_args=["--max-total-tokens", "512"]) as rt:
+        pids = rt.server.group_pids()
+        assert rt.pid in pids and len(pids) >= 3  # launcher, scheduler, detokenizer
+        with pytest.raises(RequestError, match=r"KV pool holds 512 tokens.*--max-total-tokens"):
+            rt.generate("hello " * 1000, max_new_tokens=4)
+    assert rt.server.group_pids() == []
+    assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in pids)
+
+
+def test_failed_start_shows_the_log_tail():
+    with pytest.raises(ServerStartError, match=r"exited with code .*\n.*Last log lines:(.|\n)*--no-such-flag"):
+        EmbeddedRuntime(extra_args=["--no-such-flag"]).start()
+
+
+def test_serve_cli_starts_and_stops_on_sigterm():
+    """`sgl-reason serve` prints the URL when ready and stops its whole group on SIGTERM."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sgl_reason", "serve"], stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )
+    try:
+        url = None
+        deadline = time.monotonic() + 300
+        for line in proc.stdout:
+            if "server ready at" in line:
+                url = line.split("ready at ")[1].split()[0]
+                break
+            assert time.monotonic() < deadline
+        assert url is not None, "serve exited before it was ready"
+        r = requests.post(url + "/generate", json={"text": "Hi", "sampling_params": {"max_new_tokens": 2}})
+        assert r.json()["meta_info"]["completion_tokens"] == 2
+        children = psutil.Process(proc.pid).children(recursive=True)
+        assert children
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+        gone, alive = psutil.wait_procs(children, timeout=30)
+        assert alive == []
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.stdout.close()
