@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import signal
 import sys
@@ -64,6 +65,33 @@ def _cmd_serve(args: argparse.Namespace, sglang_args: list[str]) -> int:
         server.stop()
 
 
+@contextlib.contextmanager
+def backend_for(url: str | None, server_args: list[str] | None = None):
+    """A :class:`ReasonBackend` on ``url``, or on an embedded server started (and stopped) here."""
+    from sgl_reason.backend import ReasonBackend
+
+    if url:
+        try:
+            yield ReasonBackend(url.rstrip("/"))
+        except Exception as error:  # noqa: BLE001  (connection errors come in many types)
+            if "Connection refused" in str(error) or "urlopen error" in str(error):
+                raise SystemExit(f"sgl-reason: error: no SGLang server answers at {url}: {error}")
+            raise
+        return
+    from sgl_reason import EmbeddedRuntime
+
+    with EmbeddedRuntime(extra_args=server_args or []) as rt:
+        logger.info("embedded SGLang server at %s", rt.url)
+        yield rt.endpoint
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    import importlib
+
+    module = importlib.import_module(f"sgl_reason.bench.{args.bench.replace('-', '_')}")
+    return module.main(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sgl-reason", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -87,6 +115,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=None, help="default: a free port")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--startup-timeout", type=float, default=300.0, help="seconds")
+
+    p = sub.add_parser("bench", help="benchmarks, each against its baseline in the same run")
+    benches = p.add_subparsers(dest="bench", required=True)
+    b = benches.add_parser("prefix-sharing", help="single vs N naive vs N forked samples")
+    b.add_argument("--n", type=int, default=8)
+    b.add_argument("--prompt-tokens", type=int, default=2000)
+    b.add_argument("--new-tokens", type=int, default=32)
+    for b in benches.choices.values():
+        b.add_argument("--json", default=None, help="write the report here")
+        b.add_argument("--url", default=None, help="a running server (default: start one)")
+        b.add_argument("--server-arg", action="append", default=[],
+                       help="extra sglang.launch_server flag for the embedded server (repeatable)")
     return parser
 
 
@@ -107,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_model(args)
         if args.command == "serve":
             return _cmd_serve(args, rest)
+        if args.command == "bench":
+            return _cmd_bench(args)
     except (ModelPrepareError, ServerStartError) as error:
         print(f"sgl-reason: error: {error}", file=sys.stderr)
         return 2

@@ -17,7 +17,8 @@ What it does, and only when ``sglang`` is imported in an environment without a r
    :class:`UnavailableKernel` that raises a :class:`KernelUnavailableError` naming the op if it is
    ever called, so nothing silently does the wrong thing.
 
-3. Lets torchvision import. SGLang's config package imports ``torchvision.transforms`` at module
+3. Lets torchvision import (armed at interpreter start, since transformers imports torchvision
+   whenever it is installed, SGLang or not). SGLang's config package imports ``torchvision.transforms`` at module
    top level (``srt/multimodal/internvl_utils.py``), so the server needs it even for a text model,
    but the registry's torchvision is a CUDA build whose ``_C.so`` does not load beside CPU torch.
    torchvision then still registers fake kernels for ``torchvision::nms``/``qnms``, which fails
@@ -181,10 +182,7 @@ def activate() -> bool:
     os.environ.setdefault(CPU_ENGINE_ENV, "1")
     if not any(isinstance(f, _StandInFinder) for f in sys.meta_path):
         sys.meta_path.append(_StandInFinder())
-    if "torchvision" not in sys.modules and not any(
-        isinstance(f, _TorchvisionImportWatcher) for f in sys.meta_path
-    ):
-        sys.meta_path.insert(0, _TorchvisionImportWatcher())
+    _watch_torchvision()
     logger.debug("sgl-reason: no sgl_kernel build here; CPU engine armed with a stand-in")
     return True
 
@@ -197,3 +195,12 @@ def install() -> None:
         activate()
     elif not any(isinstance(f, _SglangImportWatcher) for f in sys.meta_path):
         sys.meta_path.insert(0, _SglangImportWatcher())
+    # transformers imports torchvision whenever it is installed, with or without SGLang.
+    _watch_torchvision()
+
+
+def _watch_torchvision() -> None:
+    if "torchvision" not in sys.modules and not any(
+        isinstance(f, _TorchvisionImportWatcher) for f in sys.meta_path
+    ):
+        sys.meta_path.insert(0, _TorchvisionImportWatcher())

@@ -104,11 +104,12 @@ class EmbeddedRuntime:
 
     @property
     def endpoint(self):
-        """An ``sgl.RuntimeEndpoint`` bound to this server (created on first use)."""
+        """A :class:`~sgl_reason.backend.ReasonBackend` (an ``sgl.RuntimeEndpoint`` that records
+        costs) bound to this server, created on first use."""
         if self._endpoint is None:
-            from sglang.lang.backend.runtime_endpoint import RuntimeEndpoint
+            from sgl_reason.backend import ReasonBackend
 
-            self._endpoint = RuntimeEndpoint(self.url)
+            self._endpoint = ReasonBackend(self.url)
         return self._endpoint
 
     def set_default_backend(self) -> None:

@@ -14,6 +14,11 @@ def register() -> None:
     happens before plugins load; the ``.pth`` hook does that. This re-arms it for processes where
     the hook was disabled or the package is on ``sys.path`` without the ``.pth`` file.
     """
-    from sgl_reason.runtime import cpu_compat
+    from sgl_reason.runtime import cpu_attention, cpu_compat
 
     cpu_compat.activate()
+    try:
+        cpu_attention.install()
+    except Exception:  # SGLang only logs plugin errors; make this one impossible to miss
+        logger.exception("sgl-reason: CPU attention could not be installed")
+        raise

@@ -30,6 +30,11 @@ CPU_DEFAULTS: dict[str, str | None] = {
     "--attention-backend": "torch_native",
     "--max-total-tokens": "16384",
     "--mem-fraction-static": "0.05",
+    # Without it the idle scheduler busy-polls and holds a whole core of a 2-core machine.
+    "--sleep-on-idle": None,
+    # Thinking budgets are enforced inside one request by a custom logit processor. It runs
+    # client-supplied code, which is why it is only a default for the local CPU server.
+    "--enable-custom-logit-processor": None,
 }
 DEFAULT_HOST = "127.0.0.1"
 LOG_TAIL_LINES = 60

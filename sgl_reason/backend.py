@@ -1,0 +1,120 @@
+"""``ReasonBackend``: SGLang's ``RuntimeEndpoint`` that records what every request cost.
+
+Programs run on :meth:`ReasonBackend.scoped` copies: each copy shares the connection settings
+and owns a fresh :class:`CostRecorder`, so concurrent program calls keep separate ledgers. Every
+``/generate`` request the frontend sends goes through :meth:`_post_generate` (gen, select, the
+prefix commit before a fork), so the ledger counts all of them.
+
+Request extras: SGLang's ``gen`` has no way to pass a custom logit processor. A program calls
+:func:`set_request_extras` right before a ``gen``; the next request of that state carries them.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import logging
+
+from sglang.lang.backend.runtime_endpoint import RuntimeEndpoint
+from sglang.lang.global_config import global_config
+from sglang.lang.interpreter import ProgramState, StreamExecutor
+from sglang.lang.ir import SglSamplingParams
+from sglang.utils import http_request
+
+from sgl_reason.cost import CostRecorder
+
+logger = logging.getLogger(__name__)
+
+_EXTRAS_VAR = "__sgl_reason_request_extras__"
+# Extras that SGLang expects inside sampling_params rather than at the top of the request.
+_SAMPLING_EXTRAS = frozenset({"custom_params"})
+# The server returns output ids beside meta_info; programs find them here.
+OUTPUT_IDS_KEY = "output_ids"
+
+
+def set_request_extras(s: ProgramState, **extras) -> None:
+    """Attach top-level ``/generate`` fields (e.g. ``custom_logit_processor``) to the next ``gen``
+    of ``s``. Syncs first, so that no queued request of ``s`` picks them up by mistake."""
+    s.sync()
+    s.set_var(_EXTRAS_VAR, extras)
+
+
+class ReasonBackend(RuntimeEndpoint):
+    def __init__(self, base_url: str, api_key: str | None = None):
+        super().__init__(base_url, api_key=api_key)
+        self.recorder = CostRecorder()
+
+    def scoped(self) -> "ReasonBackend":
+        """A copy with its own cost ledger (no new connection, no server round trip)."""
+        clone = copy.copy(self)
+        clone.recorder = CostRecorder()
+        return clone
+
+    # -- server facts, asked once per backend ---------------------------------------------------
+    @functools.cached_property
+    def server_info(self) -> dict:
+        res = http_request(self.base_url + "/get_server_info", api_key=self.api_key)
+        self._assert_success(res)
+        return res.json()
+
+    @property
+    def supports_logit_processor(self) -> bool:
+        return bool(self.server_info.get("enable_custom_logit_processor"))
+
+    def tokenize(self, text: str) -> list[int]:
+        res = http_request(
+            self.base_url + "/tokenize",
+            json={"prompt": text, "add_special_tokens": False},
+            api_key=self.api_key,
+        )
+        self._assert_success(res)
+        return list(res.json()["tokens"])
+
+    # -- every /generate request goes through here ----------------------------------------------
+    def _post_generate(self, data: dict) -> dict | list[dict]:
+        res = http_request(self.base_url + "/generate", json=data, api_key=self.api_key)
+        self._assert_success(res)
+        obj = res.json()
+        for item in obj if isinstance(obj, list) else [obj]:
+            self.recorder.record(item["meta_info"])
+        return obj
+
+    def _generate_http_request(self, s: StreamExecutor, data: dict):
+        self._add_images(s, data)
+        return self._post_generate(data)
+
+    def commit_lazy_operations(self, s: StreamExecutor):
+        self._generate_http_request(s, {"text": s.text_, "sampling_params": {"max_new_tokens": 0}})
+
+    def fill_image(self, s: StreamExecutor):
+        self.commit_lazy_operations(s)
+
+    def generate(self, s: StreamExecutor, sampling_params: SglSamplingParams):
+        self._handle_dtype_to_regex(sampling_params)
+        data = {
+            "text": s.text_,
+            "sampling_params": {
+                "skip_special_tokens": global_config.skip_special_tokens_in_output,
+                "spaces_between_special_tokens": global_config.spaces_between_special_tokens_in_out,
+                **sampling_params.to_srt_kwargs(),
+            },
+        }
+        for item in ("return_logprob", "logprob_start_len", "top_logprobs_num",
+                     "return_text_in_logprobs"):
+            value = getattr(sampling_params, item, None)
+            if value is not None:
+                data[item] = value
+        extras = dict(s.variables.pop(_EXTRAS_VAR, None) or {})
+        for key in _SAMPLING_EXTRAS.intersection(extras):
+            data["sampling_params"][key] = extras.pop(key)
+        data.update(extras)
+        obj = self._generate_http_request(s, data)
+        meta = dict(obj["meta_info"])
+        meta[OUTPUT_IDS_KEY] = obj.get("output_ids")
+        return obj["text"], meta
+
+    def generate_stream(self, s, sampling_params):
+        raise NotImplementedError(
+            "sgl-reason programs do not stream: run them with stream=False (costs are recorded "
+            "from complete responses)."
+        )

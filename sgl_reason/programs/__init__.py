@@ -1,0 +1,21 @@
+"""Reasoning programs: each a plain ``@sgl.function`` plus a typed entry point.
+
+| program | entry point | module |
+|---|---|---|
+| prefix-shared self-consistency | :func:`self_consistency` | ``self_consistency.py`` |
+| budgeted think-then-answer | :func:`think_then_answer` | ``think_then_answer.py`` |
+| best-of-N with a verifier | :func:`best_of_n` | ``best_of_n.py`` |
+"""
+
+from sgl_reason.programs.best_of_n import best_of_n, best_of_n_program, p_yes_verifier
+from sgl_reason.programs.budget import TIERS, ThinkingBudget
+from sgl_reason.programs.common import ProgramResult, Sample
+from sgl_reason.programs.self_consistency import self_consistency, self_consistency_program
+from sgl_reason.programs.think_then_answer import think_then_answer, think_then_answer_program
+
+__all__ = [
+    "ProgramResult", "Sample", "TIERS", "ThinkingBudget",
+    "best_of_n", "best_of_n_program", "p_yes_verifier",
+    "self_consistency", "self_consistency_program",
+    "think_then_answer", "think_then_answer_program",
+]

@@ -1,0 +1,119 @@
+"""Thinking budgets: the config, and the server-side logit processor that enforces one.
+
+:class:`BudgetForcingProcessor` runs inside the SGLang scheduler (sent by reference with
+``dill``, so the server needs sgl-reason installed, as it does for the plugin; start it with
+``--enable-custom-logit-processor``). Per request it follows a small state machine kept in the
+request's own ``custom_params`` dict, which lives as long as the request:
+
+| phase     | tokens generated ``t``            | what the processor does                         |
+|-----------|-----------------------------------|-------------------------------------------------|
+| thinking  | ``t < budget``, no marker yet     | masks EOS (thinking ends only by the marker)    |
+| forcing   | ``budget <= t < budget + len(end)``| forces ``end_ids[t - budget]``: the marker      |
+| answering | marker seen (own or forced)       | free; its ``max_answer``-th token is forced EOS |
+
+``t`` is counted by the processor's own calls (one per sampled token), not from
+``req.output_ids``, which lags by a step under SGLang's overlap scheduler. The model's own marker
+is detected in ``output_ids`` (possibly one step late, which only shifts the answer limit).
+Hard bound: at most ``budget`` tokens precede the first marker.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+TIERS: dict[str, int] = {"low": 4096, "medium": 16384, "high": 65536}
+
+
+class ThinkingBudget(BaseModel):
+    """How long a program may think and answer."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_thinking_tokens: int | Literal["low", "medium", "high"] = "low"
+    max_answer_tokens: int = Field(512, ge=1)
+    # Thinking that closes earlier is reopened with the profile's wait_text (s1's "Wait").
+    min_thinking_tokens: int = Field(0, ge=0)
+    # "auto": one request with server-side forcing when the server allows custom logit
+    # processors, else two requests; "single"/"two" force one route ("single" fails if the
+    # server cannot). min_thinking_tokens > 0 always uses the multi-request route.
+    mode: Literal["auto", "single", "two"] = "auto"
+
+    @property
+    def thinking_tokens(self) -> int:
+        value = self.max_thinking_tokens
+        return TIERS[value] if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _check(self) -> "ThinkingBudget":
+        if self.thinking_tokens < 1:
+            raise ValueError(
+                f"max_thinking_tokens must be >= 1 or one of {sorted(TIERS)}, "
+                f"got {self.max_thinking_tokens!r}"
+            )
+        if self.min_thinking_tokens > self.thinking_tokens:
+            raise ValueError(
+                f"min_thinking_tokens ({self.min_thinking_tokens}) exceeds max_thinking_tokens "
+                f"({self.thinking_tokens}): lower the minimum or raise the budget."
+            )
+        return self
+
+
+def _base():
+    from sglang.srt.sampling.custom_logit_processor import CustomLogitProcessor
+
+    return CustomLogitProcessor
+
+
+def _stop_ids(req) -> set[int]:
+    """Every token id that would finish ``req``, as ``Req._check_token_based_finish`` sees it."""
+    if req is None:
+        return set()
+    ids = set(getattr(req, "eos_token_ids", None) or ())
+    ids |= set(getattr(req.sampling_params, "stop_token_ids", None) or ())
+    tokenizer = getattr(req, "tokenizer", None)
+    if tokenizer is not None:
+        if tokenizer.eos_token_id is not None:
+            ids.add(tokenizer.eos_token_id)
+        ids |= set(getattr(tokenizer, "additional_stop_token_ids", None) or ())
+    return ids
+
+
+class BudgetForcingProcessor(_base()):
+    """Custom params per request: ``budget``, ``end_ids``, ``max_answer``, optional ``eos_ids``."""
+
+    def __call__(self, logits, custom_param_list: list[dict[str, Any]] | None = None):
+        for row, params in enumerate(custom_param_list or []):
+            if params and "budget" in params:
+                self._step(logits, row, params)
+        return logits
+
+    @staticmethod
+    def _force(logits, row: int, token_id: int) -> None:
+        logits[row, :] = -float("inf")
+        logits[row, token_id] = 0.0
+
+    def _step(self, logits, row: int, p: dict[str, Any]) -> None:
+        t = p.get("_t", 0)  # tokens generated before this one
+        p["_t"] = t + 1
+        end: list[int] = p["end_ids"]
+        req = p.get("__req__")
+        if "_eos" not in p:
+            p["_eos"] = sorted(set(p.get("eos_ids") or ()) | _stop_ids(req))
+        eos = p["_eos"]
+        closed_at = p.get("_closed_at")
+        if closed_at is None and req is not None:
+            out = req.output_ids
+            if len(out) >= len(end) and list(out[len(out) - len(end):]) == end:
+                closed_at = p["_closed_at"] = len(out)
+        if closed_at is None:
+            j = t - p["budget"]
+            if j >= 0:
+                self._force(logits, row, end[j])
+                if j == len(end) - 1:
+                    p["_closed_at"] = t + 1
+            elif eos:
+                logits[row, eos] = -float("inf")
+        elif t - closed_at >= p["max_answer"] - 1 and eos:
+            self._force(logits, row, eos[0])  # the EOS is the last of max_answer tokens

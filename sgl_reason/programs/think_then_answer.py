@@ -1,0 +1,161 @@
+"""Budgeted think-then-answer.
+
+Stopping rule: thinking stops when the model writes its end-of-thinking marker or when
+``max_thinking_tokens`` are spent, whichever comes first; then the marker is written (budget
+forcing) and the answer gets its own ``max_answer_tokens``. Thinking that closes before
+``min_thinking_tokens`` is reopened with the profile's ``wait_text``.
+
+Routes: with a server that allows custom logit processors (``--enable-custom-logit-processor``,
+on by default in ``sgl-reason serve`` on CPU), one request does it all and the server forces
+the marker (:mod:`sgl_reason.programs.budget`), so the runtime sees thinking and answer as one
+sequence. Otherwise (or with a minimum), each thinking segment and the answer are separate
+requests that reuse the cached prefix.
+
+Tie-break: none (one sample). Cost: 1 prefill of the prompt + <= max_thinking + len(marker) +
+max_answer decoded tokens (single route); the two-request route adds one prefill of the
+marker's few tokens per segment, the rest is cached.
+"""
+
+from __future__ import annotations
+
+import sglang as sgl
+
+from sgl_reason.backend import OUTPUT_IDS_KEY, ReasonBackend, set_request_extras
+from sgl_reason.profiles import ModelProfile, Sampling
+from sgl_reason.programs.budget import BudgetForcingProcessor, ThinkingBudget
+from sgl_reason.programs.common import (
+    ProgramResult, Sample, open_prompt, resolve_backend, resolve_profile, sampling_kwargs,
+    timed_cost,
+)
+from sgl_reason.vote import extract_answer
+
+
+class ThinkPlan:
+    """Everything :func:`think_into` needs, resolved once per call (token ids, route)."""
+
+    def __init__(self, backend: ReasonBackend, profile: ModelProfile, budget: ThinkingBudget,
+                 sampling: dict):
+        self.profile, self.budget, self.sampling = profile, budget, sampling
+        self.end_ids = backend.tokenize(profile.think_end)
+        self.wait_len = len(backend.tokenize(profile.wait_text))
+        single_ok = backend.supports_logit_processor and budget.min_thinking_tokens == 0
+        if budget.mode == "single" and not single_ok:
+            raise ValueError(
+                "mode='single' needs a server started with --enable-custom-logit-processor and "
+                "min_thinking_tokens == 0; use mode='auto' to fall back to two requests."
+            )
+        self.route = "single" if (budget.mode != "two" and single_ok) else "two"
+        self.processor = BudgetForcingProcessor.to_str() if self.route == "single" else None
+
+
+def think_into(s, plan: ThinkPlan) -> Sample:
+    """Think, close and answer on state ``s`` (already holding the prompt); return the sample.
+
+    Works on any program state, including a fork branch, so programs compose.
+    """
+    s += plan.profile.think_start
+    if plan.route == "single":
+        return _single_request(s, plan)
+    return _two_requests(s, plan)
+
+
+def _single_request(s, plan: ThinkPlan) -> Sample:
+    b = plan.budget
+    set_request_extras(
+        s, custom_logit_processor=plan.processor,
+        custom_params={"budget": b.thinking_tokens, "end_ids": plan.end_ids,
+                       "max_answer": b.max_answer_tokens},
+    )
+    s += sgl.gen("completion", max_tokens=b.thinking_tokens + len(plan.end_ids)
+                 + b.max_answer_tokens + 1, **plan.sampling)
+    text, meta = s["completion"], s.get_meta_info("completion")
+    ids = meta.get(OUTPUT_IDS_KEY) or []
+    at = _find(ids, plan.end_ids)
+    thinking_tokens = at if at >= 0 else len(ids)
+    answer_tokens = len(ids) - at - len(plan.end_ids) if at >= 0 else 0
+    thinking, answer_text = _split(text, plan.profile.think_end)
+    return Sample(
+        text=text, thinking=thinking, answer_text=answer_text,
+        answer=extract_answer(answer_text) if answer_text.strip() else None,
+        thinking_tokens=thinking_tokens, answer_tokens=answer_tokens,
+        forced=at == b.thinking_tokens, finish_reason=meta["finish_reason"]["type"],
+    )
+
+
+def _two_requests(s, plan: ThinkPlan) -> Sample:
+    b, profile = plan.budget, plan.profile
+    used, parts, k, forced = 0, [], 0, False
+    stops = list(dict.fromkeys([profile.think_end, profile.think_end.strip()]))
+    while True:
+        name = f"thinking_{k}"
+        s += sgl.gen(name, max_tokens=b.thinking_tokens - used, stop=stops, **plan.sampling)
+        meta = s.get_meta_info(name)
+        used += meta["completion_tokens"]
+        parts.append(s[name])
+        closed = meta["finish_reason"]["type"] == "stop"
+        if not closed:
+            forced = True
+            break
+        if used >= b.min_thinking_tokens or used + plan.wait_len >= b.thinking_tokens:
+            break
+        s += profile.wait_text  # reopen thinking that closed too early
+        parts.append(profile.wait_text)
+        used += plan.wait_len
+        k += 1
+    s += profile.think_end
+    s += sgl.gen("answer", max_tokens=b.max_answer_tokens, **plan.sampling)
+    answer_text = s["answer"]
+    thinking = "".join(parts)
+    return Sample(
+        text=thinking + profile.think_end + answer_text, thinking=thinking,
+        answer_text=answer_text,
+        answer=extract_answer(answer_text) if answer_text.strip() else None,
+        thinking_tokens=used, answer_tokens=s.get_meta_info("answer")["completion_tokens"],
+        forced=forced, finish_reason=s.get_meta_info("answer")["finish_reason"]["type"],
+    )
+
+
+def _find(ids: list[int], sub: list[int]) -> int:
+    n = len(sub)
+    for i in range(len(ids) - n + 1):
+        if ids[i:i + n] == sub:
+            return i
+    return -1
+
+
+def _split(text: str, marker: str) -> tuple[str, str]:
+    for m in (marker, marker.strip()):
+        at = text.find(m)
+        if at >= 0:
+            return text[:at], text[at + len(m):]
+    return text, ""
+
+
+@sgl.function
+def think_then_answer_program(s, question, plan, system=None):
+    """One question: prompt, think within the budget, close, answer."""
+    open_prompt(s, question, plan.profile, system)
+    s["sample"] = think_into(s, plan)
+
+
+def think_then_answer(
+    question: str,
+    *,
+    budget: ThinkingBudget | None = None,
+    backend: ReasonBackend | None = None,
+    profile: ModelProfile | None = None,
+    sampling: Sampling | None = None,
+    system: str | None = None,
+) -> ProgramResult:
+    """Think within ``budget`` (default: the ``low`` tier, 4k tokens), then answer."""
+    backend = resolve_backend(backend)
+    profile = resolve_profile(backend, profile)
+    plan = ThinkPlan(backend, profile, budget or ThinkingBudget(), sampling_kwargs(profile, sampling))
+    with timed_cost(backend) as cost:
+        state = think_then_answer_program.run(question=question, plan=plan, system=system,
+                                              backend=backend)
+        sample: Sample = state["sample"]
+        total = cost()
+    total.thinking_tokens, total.answer_tokens = sample.thinking_tokens, sample.answer_tokens
+    return ProgramResult(answer=sample.answer, samples=[sample], cost=total,
+                         info={"route": plan.route, "profile": profile.name})
