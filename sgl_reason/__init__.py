@@ -15,9 +15,25 @@ warnings.filterwarnings("ignore", message="Environment variable SGL_REASON_HOME 
 __version__ = "0.1.0"
 
 _LAZY = {
+    # runtime
     "EmbeddedRuntime": "sgl_reason.runtime.embedded",
     "RequestError": "sgl_reason.runtime.embedded",
     "ServerStartError": "sgl_reason.runtime.server",
+    # programs
+    "ReasonBackend": "sgl_reason.backend",
+    "self_consistency": "sgl_reason.programs",
+    "think_then_answer": "sgl_reason.programs",
+    "best_of_n": "sgl_reason.programs",
+    "p_yes_verifier": "sgl_reason.programs",
+    "ThinkingBudget": "sgl_reason.programs",
+    "ProgramResult": "sgl_reason.programs",
+    "Sample": "sgl_reason.programs",
+    "Cost": "sgl_reason.cost",
+    "ModelProfile": "sgl_reason.profiles",
+    "profile_for": "sgl_reason.profiles",
+    "VoteConfig": "sgl_reason.vote",
+    "vote": "sgl_reason.vote",
+    "extract_answer": "sgl_reason.vote",
 }
 
 __all__ = ["__version__", *_LAZY]

@@ -65,6 +65,18 @@ def _cmd_serve(args: argparse.Namespace, sglang_args: list[str]) -> int:
         server.stop()
 
 
+def _int_or_tier(value: str) -> int | str:
+    from sgl_reason.programs.budget import TIERS
+
+    if value in TIERS:
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected an integer or one of {sorted(TIERS)}, got {value!r}") from None
+
+
 @contextlib.contextmanager
 def backend_for(url: str | None, server_args: list[str] | None = None):
     """A :class:`ReasonBackend` on ``url``, or on an embedded server started (and stopped) here."""
@@ -72,17 +84,52 @@ def backend_for(url: str | None, server_args: list[str] | None = None):
 
     if url:
         try:
-            yield ReasonBackend(url.rstrip("/"))
-        except Exception as error:  # noqa: BLE001  (connection errors come in many types)
-            if "Connection refused" in str(error) or "urlopen error" in str(error):
-                raise SystemExit(f"sgl-reason: error: no SGLang server answers at {url}: {error}")
-            raise
+            backend = ReasonBackend(url.rstrip("/"))
+        except Exception as error:  # noqa: BLE001  (urllib raises several types here)
+            raise SystemExit(f"sgl-reason: error: no SGLang server answers at {url} ({error}). "
+                             "Start one with `sgl-reason serve`, or omit --url to start an "
+                             "embedded server.") from None
+        yield backend
         return
     from sgl_reason import EmbeddedRuntime
 
     with EmbeddedRuntime(extra_args=server_args or []) as rt:
         logger.info("embedded SGLang server at %s", rt.url)
         yield rt.endpoint
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    import functools
+    from pathlib import Path
+
+    from sgl_reason import evaluate, programs
+    from sgl_reason.data import DataError, load
+
+    try:
+        problems = load(args.data)
+    except DataError as error:
+        print(f"sgl-reason: error: {error}", file=sys.stderr)
+        return 2
+    if args.limit is not None:
+        problems = problems[: args.limit]
+    out = Path(args.out or f"results/{args.program}.jsonl")
+    think = None
+    if args.max_thinking_tokens is not None or args.program == "think_then_answer":
+        think = programs.ThinkingBudget(
+            max_thinking_tokens=args.max_thinking_tokens or "low",
+            max_answer_tokens=args.max_answer_tokens,
+        )
+    with backend_for(args.url, args.server_arg) as backend:
+        if args.program == "think_then_answer":
+            program = functools.partial(programs.think_then_answer, budget=think, backend=backend)
+        else:
+            entry = getattr(programs, args.program)
+            program = functools.partial(entry, n=args.n, max_tokens=args.max_tokens, think=think,
+                                        backend=backend)
+        summary = evaluate.run(program, problems, out, concurrency=args.concurrency)
+    print(evaluate.summary_table(summary))
+    print(f"records: {out}\nsummary: {evaluate.summary_path(out)}")
+    return 0
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -115,6 +162,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=None, help="default: a free port")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--startup-timeout", type=float, default=300.0, help="seconds")
+
+    p = sub.add_parser("eval", help="run a program over a data set; resumable JSONL + summary")
+    p.add_argument("--program", required=True,
+                   choices=["self_consistency", "think_then_answer", "best_of_n"])
+    p.add_argument("--data", required=True,
+                   help="JSONL with question/answer fields, or reasoning-gym:NAME[?size=K&seed=S]")
+    p.add_argument("--n", type=int, default=4, help="samples or candidates per problem")
+    p.add_argument("--limit", type=int, default=None, help="first K problems only")
+    p.add_argument("--max-tokens", type=int, default=256, help="per sample without thinking")
+    p.add_argument("--max-thinking-tokens", type=_int_or_tier, default=None,
+                   help="thinking budget (an integer or low/medium/high)")
+    p.add_argument("--max-answer-tokens", type=int, default=256)
+    p.add_argument("--concurrency", type=int, default=2, help="problems in flight")
+    p.add_argument("--url", default=None, help="a running server (default: start one)")
+    p.add_argument("--server-arg", action="append", default=[],
+                   help="extra sglang.launch_server flag for the embedded server (repeatable)")
+    p.add_argument("--out", default=None, help="records JSONL (default results/PROGRAM.jsonl)")
 
     p = sub.add_parser("bench", help="benchmarks, each against its baseline in the same run")
     benches = p.add_subparsers(dest="bench", required=True)
@@ -149,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_serve(args, rest)
         if args.command == "bench":
             return _cmd_bench(args)
+        if args.command == "eval":
+            return _cmd_eval(args)
     except (ModelPrepareError, ServerStartError) as error:
         print(f"sgl-reason: error: {error}", file=sys.stderr)
         return 2

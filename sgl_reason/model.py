@@ -4,9 +4,10 @@
 offline, idempotent (a finished folder carries a manifest and is reused), atomic (built in a
 temporary folder, then renamed), and checked against the GGUF's known sha256.
 
-The folder is stored in bfloat16, chosen by measurement on the 2-core CPU machine (see
-``docs/benchmarks.md``, "Default model dtype"): SGLang's CPU decode ran faster in bf16 than fp32
-and gave the same greedy text.
+The folder is stored in bfloat16, chosen by measurement on the 2-core CPU machine
+(``benchmarks/model_dtype.py``, ``docs/benchmarks.md``): batched decode, which forked programs
+use, ran 2.4x faster than fp32; single-stream decode and exact fp32 numerics favour fp32, which
+``prepare(dtype="float32")`` provides.
 """
 
 from __future__ import annotations
@@ -125,7 +126,7 @@ def _convert(gguf: Path, out: Path, dtype: str) -> None:
     config = AutoConfig.from_pretrained(folder, gguf_file=name)
     if hasattr(config, "quantization_config"):
         del config.quantization_config
-    config.torch_dtype = torch_dtype
+    config.dtype = torch_dtype
     fresh = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     fresh.load_state_dict(loaded.state_dict())
     fresh.to(torch_dtype).save_pretrained(out)

@@ -158,4 +158,5 @@ def think_then_answer(
         total = cost()
     total.thinking_tokens, total.answer_tokens = sample.thinking_tokens, sample.answer_tokens
     return ProgramResult(answer=sample.answer, samples=[sample], cost=total,
-                         info={"route": plan.route, "profile": profile.name})
+                         info={"route": plan.route, "profile": profile.name,
+                               "marker_tokens": len(plan.end_ids)})

@@ -1,0 +1,44 @@
+"""Recipe: prefix-shared self-consistency over GSM8K, with JSONL results and a summary.
+
+    .venv/bin/python programs/gsm8k_self_consistency.py --limit 20 --n 4 --out results/gsm8k_sc.jsonl
+
+Without --url it starts the embedded server (SmolLM2-135M on CPU: mechanics, not accuracy).
+Rerunning with the same --out resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+from pathlib import Path
+
+from sgl_reason.cli import backend_for
+from sgl_reason.data import load
+from sgl_reason.evaluate import run
+from sgl_reason.programs import self_consistency
+
+DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "gsm8k" / "test.jsonl"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", default=str(DEFAULT_DATA))
+    parser.add_argument("--limit", type=int, default=20)
+    parser.add_argument("--n", type=int, default=4)
+    parser.add_argument("--max-tokens", type=int, default=192)
+    parser.add_argument("--concurrency", type=int, default=2)
+    parser.add_argument("--out", default="results/gsm8k_self_consistency.jsonl")
+    parser.add_argument("--url", default=None)
+    args = parser.parse_args()
+
+    problems = load(args.data)[: args.limit]
+    with backend_for(args.url) as backend:
+        program = functools.partial(self_consistency, n=args.n, max_tokens=args.max_tokens,
+                                    backend=backend)
+        summary = run(program, problems, args.out, concurrency=args.concurrency)
+    print(json.dumps({k: v for k, v in summary.items() if k != "cost"}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,122 @@
+"""Run a program over a problem set: concurrent, resumable JSONL records, a summary.
+
+Each finished problem is appended to ``OUT.jsonl`` as one line and flushed, so an interrupted
+run leaves a valid file, and a rerun with the same ``out`` skips the problems already there.
+The summary is written beside it as ``OUT.summary.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+
+from sgl_reason.cost import Cost
+from sgl_reason.data import Problem
+from sgl_reason.programs.common import ProgramResult
+
+logger = logging.getLogger(__name__)
+
+Program = Callable[[str], ProgramResult]
+
+
+def summary_path(out: Path) -> Path:
+    return out.with_name(out.stem + ".summary.json")
+
+
+def read_records(out: Path) -> list[dict]:
+    if not out.exists():
+        return []
+    records = []
+    for line in out.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            logger.warning("%s: skipping a truncated line (an interrupted write)", out)
+    return records
+
+
+def record_for(problem: Problem, result: ProgramResult) -> dict:
+    return {
+        "id": problem.id,
+        "question": problem.question,
+        "gold": problem.gold,
+        "prediction": result.answer,
+        "correct": problem.grade(result.answer),
+        "samples": [s.model_dump(exclude_none=True) for s in result.samples],
+        "cost": result.cost.model_dump(),
+        "info": result.info,
+    }
+
+
+def summarize(records: list[dict], seconds: float) -> dict:
+    n = len(records)
+    cost = sum((Cost(**r["cost"]) for r in records), Cost())
+    return {
+        "problems": n,
+        "accuracy": sum(r["correct"] for r in records) / n if n else 0.0,
+        "extraction_rate": sum(r["prediction"] is not None for r in records) / n if n else 0.0,
+        "tokens_per_problem": (cost.decode_tokens / n) if n else 0.0,
+        "prefill_computed": cost.computed_prefill_tokens,
+        "prefill_reused": cost.cached_tokens,
+        "requests": cost.requests,
+        "seconds": round(seconds, 2),
+        "cost": cost.model_dump(),
+    }
+
+
+def run(program: Program, problems: list[Problem], out: str | Path, concurrency: int = 4,
+        progress: bool = True) -> dict:
+    """Run ``program`` on every problem not yet in ``out``; return the summary of all records."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    done = {r["id"] for r in read_records(out)}
+    todo = [p for p in problems if p.id not in done]
+    started = time.perf_counter()
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(problems), initial=len(problems) - len(todo), unit="problem")
+    correct = tokens = finished = 0
+    with open(out, "a") as sink, ThreadPoolExecutor(max_workers=concurrency) as pool:
+        futures = {pool.submit(program, p.question): p for p in todo}
+        try:
+            for future in as_completed(futures):
+                problem = futures[future]
+                record = record_for(problem, future.result())
+                sink.write(json.dumps(record) + "\n")
+                sink.flush()
+                finished += 1
+                correct += record["correct"]
+                tokens += record["cost"]["decode_tokens"]
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix(acc=f"{correct / finished:.2f}", tok=f"{tokens / finished:.0f}")
+        except KeyboardInterrupt:
+            for future in futures:
+                future.cancel()
+            logger.warning("interrupted: %s holds %d finished problems; rerun to resume",
+                           out, len(done) + finished)
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+    records = [r for r in read_records(out) if r["id"] in {p.id for p in problems}]
+    summary = summarize(records, time.perf_counter() - started)
+    summary_path(out).write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def summary_table(summary: dict) -> str:
+    rows = [("problems", summary["problems"]), ("accuracy", f"{summary['accuracy']:.3f}"),
+            ("extraction rate", f"{summary['extraction_rate']:.3f}"),
+            ("tokens per problem", f"{summary['tokens_per_problem']:.1f}"),
+            ("prefill computed", summary["prefill_computed"]),
+            ("prefill reused", summary["prefill_reused"]),
+            ("requests", summary["requests"]), ("seconds", summary["seconds"])]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)

@@ -1,0 +1,52 @@
+"""The budget-forcing logit processor's state machine, driven step by step (no server)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+
+from sgl_reason.programs.budget import BudgetForcingProcessor
+
+VOCAB, EOS = 50, 2
+END = [7, 8, 9]
+
+
+def drive(params, sampled, steps):
+    """Run the processor as the scheduler would: one call per token; the model would sample
+    ``sampled(t)`` unless the processor forces a token (argmax of a masked row)."""
+    req = SimpleNamespace(output_ids=[], eos_token_ids={EOS}, tokenizer=None,
+                          sampling_params=SimpleNamespace(stop_token_ids=None))
+    params = dict(params, __req__=req)
+    proc = BudgetForcingProcessor()
+    for t in range(steps):
+        logits = torch.zeros(1, VOCAB)
+        logits[0, sampled(t)] = 5.0
+        logits[0, EOS] = 4.0
+        out = proc(logits, [params])
+        token = int(out[0].argmax())
+        req.output_ids.append(token)
+        if token == EOS:
+            break
+    return req.output_ids
+
+
+def test_forces_the_marker_at_the_budget_then_bounds_the_answer():
+    out = drive({"budget": 5, "end_ids": END, "max_answer": 4}, lambda t: 20 + t, 30)
+    assert out[:5] == [20, 21, 22, 23, 24]  # thinking: exactly the budget
+    assert out[5:8] == END  # the forced marker
+    assert len(out[8:]) == 4 and out[-1] == EOS  # the answer's 4th token is a forced EOS
+
+
+def test_eos_is_masked_while_thinking():
+    out = drive({"budget": 4, "end_ids": END, "max_answer": 3}, lambda t: EOS, 20)
+    assert out[:4] != [EOS] * 4 and EOS not in out[:4]
+
+
+def test_models_own_marker_ends_thinking_early():
+    script = [30, 31] + END + [40, 41, 42, 43, 44]
+    out = drive({"budget": 50, "end_ids": END, "max_answer": 3},
+                lambda t: script[t] if t < len(script) else 45, 20)
+    assert out[:5] == [30, 31, *END]
+    # the marker is seen one step late at most; the answer stops within max_answer + 1
+    assert len(out) <= 5 + 3 + 1 and out[-1] == EOS
