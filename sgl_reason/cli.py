@@ -132,6 +132,19 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_plot(args: argparse.Namespace) -> int:
+    from sgl_reason.plot import plot
+
+    try:
+        written = plot(args.results, args.out)
+    except (FileNotFoundError, ValueError) as error:
+        print(f"sgl-reason: error: {error}", file=sys.stderr)
+        return 2
+    for path in written:
+        print(path)
+    return 0
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     import importlib
 
@@ -180,6 +193,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="extra sglang.launch_server flag for the embedded server (repeatable)")
     p.add_argument("--out", default=None, help="records JSONL (default results/PROGRAM.jsonl)")
 
+    p = sub.add_parser("plot", help="PNG charts from eval results and benchmark JSON")
+    p.add_argument("results", nargs="+")
+    p.add_argument("--out", default="plots", help="folder for the PNG files")
+
     p = sub.add_parser("bench", help="benchmarks, each against its baseline in the same run")
     benches = p.add_subparsers(dest="bench", required=True)
     b = benches.add_parser("prefix-sharing", help="single vs N naive vs N forked samples")
@@ -215,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_bench(args)
         if args.command == "eval":
             return _cmd_eval(args)
+        if args.command == "plot":
+            return _cmd_plot(args)
     except (ModelPrepareError, ServerStartError) as error:
         print(f"sgl-reason: error: {error}", file=sys.stderr)
         return 2

@@ -1,0 +1,85 @@
+"""``sgl-reason plot RESULTS...``: PNG charts from eval records/summaries and benchmark JSON.
+
+Recognized inputs (by content, not name):
+
+- eval records (``OUT.jsonl``): tokens per problem, one box per file;
+- eval summaries (``OUT.summary.json``, or found beside a records file): accuracy vs tokens;
+- ``bench prefix-sharing`` JSON (has ``single``/``naive``/``shared``): side-by-side bars.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def _load(path: Path):
+    if path.suffix == ".jsonl":
+        return "records", [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    data = json.loads(path.read_text())
+    if {"single", "naive", "shared"} <= data.keys():
+        return "prefix_sharing", data
+    if {"accuracy", "tokens_per_problem"} <= data.keys():
+        return "summary", data
+    raise ValueError(f"{path}: not an eval records/summary file nor a known benchmark JSON")
+
+
+def plot(paths: list[str], out_dir: str = "plots") -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from sgl_reason.evaluate import summary_path
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    records, summaries, benches = {}, {}, {}
+    for name in paths:
+        path = Path(name)
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} does not exist")
+        kind, data = _load(path)
+        label = path.name.removesuffix(".summary.json").removesuffix(".jsonl").removesuffix(".json")
+        if kind == "records":
+            records[label] = data
+            beside = summary_path(path)
+            if beside.is_file():
+                summaries.setdefault(label, json.loads(beside.read_text()))
+        elif kind == "summary":
+            summaries[label] = data
+        else:
+            benches[label] = data
+    written = []
+    if summaries:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for label, s in summaries.items():
+            ax.scatter(s["tokens_per_problem"], s["accuracy"])
+            ax.annotate(label, (s["tokens_per_problem"], s["accuracy"]), fontsize=8)
+        ax.set(xlabel="decoded tokens per problem", ylabel="accuracy", title="Accuracy vs tokens")
+        written.append(_save(fig, out / "accuracy_vs_tokens.png"))
+    if records:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        ax.boxplot([[r["cost"]["decode_tokens"] for r in rs] for rs in records.values()])
+        ax.set_xticks(range(1, len(records) + 1), list(records), rotation=20, fontsize=8)
+        ax.set(ylabel="decoded tokens", title="Tokens per problem")
+        written.append(_save(fig, out / "tokens_per_problem.png"))
+    for label, b in benches.items():
+        fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
+        rows = ["single", "naive", "shared"]
+        for ax, key, title in ((axes[0], "computed_prefill_tokens", "prefill computed (tokens)"),
+                               (axes[1], "seconds", "wall time (s)")):
+            ax.bar(rows, [b[r][key] for r in rows], color=["#999", "#c55", "#5a5"])
+            ax.set_title(title)
+        fig.suptitle(f"{label}: n={b['n']}, prompt {b['prompt_tokens']} tokens")
+        written.append(_save(fig, out / f"bench_{label}.png"))
+    return written
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return path

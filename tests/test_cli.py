@@ -1,0 +1,80 @@
+"""`sgl-reason eval` and `sgl-reason plot`: errors that name the fix, and a real run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from sgl_reason.cli import main
+
+
+def cli(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "sgl_reason", *args], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_unknown_program_lists_the_choices(capsys):
+    with pytest.raises(SystemExit):
+        main(["eval", "--program", "tree_of_thought", "--data", "x.jsonl"])
+    assert "invalid choice: 'tree_of_thought'" in capsys.readouterr().err
+
+
+def test_bad_data_names_the_file_and_line(tmp_path, capsys):
+    assert main(["eval", "--program", "self_consistency", "--data", str(tmp_path / "no.jsonl")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question": "q", "answer": "1"}\n{"prompt": "q", "answer": "1"}\n')
+    assert main(["eval", "--program", "self_consistency", "--data", str(bad)]) == 2
+    assert "bad.jsonl:2: the record has no 'question' field" in capsys.readouterr().err
+
+
+def test_bad_thinking_tier(capsys):
+    with pytest.raises(SystemExit):
+        main(["eval", "--program", "think_then_answer", "--data", "x", "--max-thinking-tokens", "lots"])
+    assert "expected an integer or one of ['high', 'low', 'medium']" in capsys.readouterr().err
+
+
+def test_unreachable_url_fails_fast(tmp_path):
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"question": "1+1?", "answer": "2"}\n')
+    started = time.monotonic()
+    result = cli("eval", "--program", "self_consistency", "--data", str(data), "--url",
+                 "http://127.0.0.1:9", timeout=120)
+    assert result.returncode != 0
+    assert "no SGLang server answers at http://127.0.0.1:9" in result.stderr
+    assert time.monotonic() - started < 60
+
+
+@pytest.mark.server
+def test_eval_then_plot(runtime, tmp_path):
+    out = tmp_path / "sc.jsonl"
+    result = cli("eval", "--program", "self_consistency", "--data",
+                 "reasoning-gym:basic_arithmetic?size=3&seed=0", "--n", "2", "--max-tokens", "16",
+                 "--url", runtime.url, "--out", str(out))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "extraction rate" in result.stdout
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(records) == 3 and {"question", "gold", "prediction", "correct", "samples", "cost"} <= records[0].keys()
+    # resumable: a second run does no new work
+    again = cli("eval", "--program", "self_consistency", "--data",
+                "reasoning-gym:basic_arithmetic?size=3&seed=0", "--url", runtime.url, "--out", str(out))
+    assert again.returncode == 0 and len(out.read_text().splitlines()) == 3
+
+    bench = tmp_path / "ps.json"
+    bench.write_text(json.dumps({"n": 8, "prompt_tokens": 10, **{
+        k: {"computed_prefill_tokens": 10, "seconds": 1.0} for k in ("single", "naive", "shared")}}))
+    plots = cli("plot", str(out), str(bench), "--out", str(tmp_path / "plots"))
+    assert plots.returncode == 0, plots.stderr
+    names = sorted(p.name for p in (tmp_path / "plots").iterdir())
+    assert names == ["accuracy_vs_tokens.png", "bench_ps.png", "tokens_per_problem.png"]
+
+
+def test_plot_rejects_unknown_files(tmp_path, capsys):
+    other = tmp_path / "x.json"
+    other.write_text("{}")
+    assert main(["plot", str(other)]) == 2
+    assert "not an eval records/summary file" in capsys.readouterr().err
