@@ -203,6 +203,11 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--n", type=int, default=8)
     b.add_argument("--prompt-tokens", type=int, default=2000)
     b.add_argument("--new-tokens", type=int, default=32)
+    b = benches.add_parser("early-stop", help="tokens saved and answers kept by each signal")
+    b.add_argument("--dataset", default="basic_arithmetic", help="a reasoning-gym dataset")
+    b.add_argument("--limit", type=int, default=50, help="problems (seed 0)")
+    b.add_argument("--budget", type=int, default=96, help="thinking budget in tokens")
+    b.add_argument("--chunk", type=int, default=16, help="tokens per checked chunk")
     for b in benches.choices.values():
         b.add_argument("--json", default=None, help="write the report here")
         b.add_argument("--url", default=None, help="a running server (default: start one)")

@@ -16,6 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 import sglang as sgl
 
 from sgl_reason.backend import ReasonBackend
+from sgl_reason.early_stop import EarlyStop
+from sgl_reason.programs.chunked import decision_dict, generate_chunked
 from sgl_reason.profiles import ModelProfile, Sampling
 from sgl_reason.programs.budget import ThinkingBudget
 from sgl_reason.programs.common import (
@@ -23,7 +25,7 @@ from sgl_reason.programs.common import (
     timed_cost,
 )
 from sgl_reason.programs.think_then_answer import ThinkPlan, think_into
-from sgl_reason.vote import VoteConfig, extract_answer, vote
+from sgl_reason.vote import VoteConfig, extract_answer, normalize_answer, vote
 
 
 def fork_shared(s, n: int):
@@ -41,13 +43,30 @@ def _collect(branch) -> Sample:
                   finish_reason=meta["finish_reason"]["type"])
 
 
+def _direct_watched(branch, max_tokens: int, sampling: dict, config: EarlyStop) -> Sample:
+    """A direct answer generated in chunks under a per-trace signal (``confidence``)."""
+    signal = config.build()
+    text, used, _, decision = generate_chunked(branch, "completion", max_tokens, None, sampling,
+                                               signal, config)
+    dropped = decision is not None and decision.drop
+    return Sample(text=text, answer_text=text, answer=None if dropped else extract_answer(text),
+                  answer_tokens=used, stopped=decision_dict(decision),
+                  score=0.0 if dropped else signal.weight())
+
+
 @sgl.function
 def self_consistency_program(s, question, num_samples, max_tokens, sampling, profile,
-                             plan=None, system=None):
-    """Shared prompt, ``num_samples`` forks decoded concurrently; samples land in s["samples"]."""
+                             plan=None, system=None, watch=None):
+    """Shared prompt, ``num_samples`` forks decoded concurrently; samples land in s["samples"].
+
+    ``watch``: an ``EarlyStop`` whose per-trace signal watches direct (non-thinking) branches."""
     open_prompt(s, question, profile, system)
     branches = fork_shared(s, num_samples)
-    if plan is None:
+    if watch is not None and plan is None:
+        with ThreadPoolExecutor(max_workers=num_samples) as pool:
+            s["samples"] = list(pool.map(
+                lambda b: _direct_watched(b, max_tokens, sampling, watch), branches))
+    elif plan is None:
         for branch in branches:  # gen is asynchronous: all n requests are in flight at once
             branch += sgl.gen("completion", max_tokens=max_tokens, **sampling)
         s["samples"] = [_collect(b) for b in branches]
@@ -67,23 +86,50 @@ def self_consistency(
     profile: ModelProfile | None = None,
     sampling: Sampling | None = None,
     system: str | None = None,
+    early_stop: EarlyStop | None = None,
 ) -> ProgramResult:
-    """Sample ``n`` answers off one shared prefill and return the voted answer."""
+    """Sample ``n`` answers off one shared prefill and return the voted answer.
+
+    ``early_stop``: ``consensus`` samples in windows of ``batch`` and stops once the majority
+    is settled (``info["early_stop"]``); ``confidence`` watches every branch, drops
+    low-confidence traces and weights the vote by confidence; ``entropy``/``probe`` stop each
+    branch's thinking (they need ``think=``).
+    """
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
+    if early_stop is not None and early_stop.signal in ("entropy", "probe") and think is None:
+        raise ValueError(f"the {early_stop.signal!r} signal stops thinking: pass think="
+                         "ThinkingBudget(...) as well, or use 'confidence' or 'consensus'")
     backend = resolve_backend(backend)
     profile = resolve_profile(backend, profile)
     params = sampling_kwargs(profile, sampling)
-    plan = ThinkPlan(backend, profile, think, params) if think is not None else None
+    per_trace = early_stop if early_stop is not None and early_stop.signal != "consensus" else None
+    plan = ThinkPlan(backend, profile, think, params, per_trace) if think is not None else None
+    run = lambda m: self_consistency_program.run(  # noqa: E731
+        question=question, num_samples=m, max_tokens=max_tokens, sampling=params,
+        profile=profile, plan=plan, system=system, watch=per_trace, backend=backend,
+    )["samples"]
+    decision = None
     with timed_cost(backend) as cost:
-        state = self_consistency_program.run(
-            question=question, num_samples=n, max_tokens=max_tokens, sampling=params,
-            profile=profile, plan=plan, system=system, backend=backend,
-        )
-        samples: list[Sample] = state["samples"]
+        if early_stop is not None and early_stop.signal == "consensus":
+            samples, judge = [], early_stop.build()
+            while len(samples) < n and decision is None:
+                window = run(min(early_stop.batch, n - len(samples)))
+                samples += window
+                decision = judge.settled(
+                    [normalize_answer(x.answer) if x.answer else None for x in samples],
+                    [normalize_answer(x.answer) if x.answer else None for x in window],
+                    len(samples))
+        else:
+            samples = run(n)
         total = cost()
     total.thinking_tokens = sum(x.thinking_tokens for x in samples)
     total.answer_tokens = sum(x.answer_tokens for x in samples)
-    result = vote([x.answer for x in samples], vote_config)
+    weights = None
+    if early_stop is not None and early_stop.signal == "confidence":
+        weights = [x.score if x.score is not None else 1.0 for x in samples]
+    result = vote([x.answer for x in samples], vote_config, weights=weights)
     return ProgramResult(answer=result.answer, samples=samples, vote=result, cost=total,
-                         info={"profile": profile.name, "route": plan.route if plan else "direct"})
+                         info={"profile": profile.name, "route": plan.route if plan else "direct",
+                               "early_stop": decision_dict(decision),
+                               "samples_drawn": len(samples)})

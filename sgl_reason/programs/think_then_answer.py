@@ -21,6 +21,8 @@ from __future__ import annotations
 import sglang as sgl
 
 from sgl_reason.backend import OUTPUT_IDS_KEY, ReasonBackend, set_request_extras
+from sgl_reason.early_stop import EarlyStop
+from sgl_reason.programs.chunked import decision_dict, generate_chunked, probe_answer
 from sgl_reason.profiles import ModelProfile, Sampling
 from sgl_reason.programs.budget import BudgetForcingProcessor, ThinkingBudget
 from sgl_reason.programs.common import (
@@ -34,8 +36,9 @@ class ThinkPlan:
     """Everything :func:`think_into` needs, resolved once per call (token ids, route)."""
 
     def __init__(self, backend: ReasonBackend, profile: ModelProfile, budget: ThinkingBudget,
-                 sampling: dict):
+                 sampling: dict, early_stop: EarlyStop | None = None):
         self.profile, self.budget, self.sampling = profile, budget, sampling
+        self.early_stop = early_stop
         self.end_ids = backend.tokenize(profile.think_end)
         self.wait_len = len(backend.tokenize(profile.wait_text))
         single_ok = backend.supports_logit_processor and budget.min_thinking_tokens == 0
@@ -45,7 +48,10 @@ class ThinkPlan:
                 "min_thinking_tokens == 0; use mode='auto' to fall back to two requests."
             )
         self.route = "single" if (budget.mode != "two" and single_ok) else "two"
-        self.processor = BudgetForcingProcessor.to_str() if self.route == "single" else None
+        if early_stop is not None and early_stop.signal != "consensus":
+            early_stop.check_budget(budget.thinking_tokens)
+            self.route = "chunked"  # thinking in chunks, a signal watching
+        self.processor = BudgetForcingProcessor.to_str() if backend.supports_logit_processor else None
 
 
 def think_into(s, plan: ThinkPlan) -> Sample:
@@ -56,7 +62,50 @@ def think_into(s, plan: ThinkPlan) -> Sample:
     s += plan.profile.think_start
     if plan.route == "single":
         return _single_request(s, plan)
+    if plan.route == "chunked":
+        return _chunked(s, plan)
     return _two_requests(s, plan)
+
+
+def mask_eos_in_thinking(s, plan: ThinkPlan) -> None:
+    """Before a thinking request of the multi-request routes: where the server runs logit
+    processors, EOS is masked as in the single-request route, so that thinking ends only by
+    the marker or the budget whatever the route (elsewhere an EOS ends the segment)."""
+    if plan.processor is not None:
+        set_request_extras(s, custom_logit_processor=plan.processor,
+                           custom_params={"budget": 1 << 30, "end_ids": plan.end_ids,
+                                          "max_answer": 1})
+
+
+def _stops(profile: ModelProfile) -> list[str]:
+    return list(dict.fromkeys([profile.think_end, profile.think_end.strip()]))
+
+
+def _chunked(s, plan: ThinkPlan) -> Sample:
+    """Thinking in chunks of ``early_stop.chunk_tokens``; the signal may end it early."""
+    b, profile, config = plan.budget, plan.profile, plan.early_stop
+    signal = config.build()
+    suffix = profile.think_end + ("" if not profile.native_thinking else profile.answer_probe)
+    thinking, used, closed, decision = generate_chunked(
+        s, "thinking", b.thinking_tokens, _stops(profile), plan.sampling, signal, config,
+        probe=lambda st: probe_answer(st, suffix, config.probe_tokens),
+        before_chunk=lambda st: mask_eos_in_thinking(st, plan),
+    )
+    stopped = decision_dict(decision)
+    if decision is not None and decision.drop:
+        return Sample(text=thinking, thinking=thinking, answer_text="", answer=None,
+                      thinking_tokens=used, stopped=stopped, score=0.0)
+    s += profile.think_end
+    s += sgl.gen("answer", max_tokens=b.max_answer_tokens, **plan.sampling)
+    answer_text, meta = s["answer"], s.get_meta_info("answer")
+    return Sample(
+        text=thinking + profile.think_end + answer_text, thinking=thinking,
+        answer_text=answer_text,
+        answer=extract_answer(answer_text) if answer_text.strip() else None,
+        thinking_tokens=used, answer_tokens=meta["completion_tokens"],
+        forced=not closed and decision is None, finish_reason=meta["finish_reason"]["type"],
+        stopped=stopped, score=signal.weight() if signal.needs_logprobs else None,
+    )
 
 
 def _single_request(s, plan: ThinkPlan) -> Sample:
@@ -85,9 +134,10 @@ def _single_request(s, plan: ThinkPlan) -> Sample:
 def _two_requests(s, plan: ThinkPlan) -> Sample:
     b, profile = plan.budget, plan.profile
     used, parts, k, forced = 0, [], 0, False
-    stops = list(dict.fromkeys([profile.think_end, profile.think_end.strip()]))
+    stops = _stops(profile)
     while True:
         name = f"thinking_{k}"
+        mask_eos_in_thinking(s, plan)
         s += sgl.gen(name, max_tokens=b.thinking_tokens - used, stop=stops, **plan.sampling)
         meta = s.get_meta_info(name)
         used += meta["completion_tokens"]
@@ -146,11 +196,21 @@ def think_then_answer(
     profile: ModelProfile | None = None,
     sampling: Sampling | None = None,
     system: str | None = None,
+    early_stop: EarlyStop | None = None,
 ) -> ProgramResult:
-    """Think within ``budget`` (default: the ``low`` tier, 4k tokens), then answer."""
+    """Think within ``budget`` (default: the ``low`` tier, 4k tokens), then answer.
+
+    With ``early_stop`` (``entropy``, ``probe`` or ``confidence``) thinking is generated in
+    chunks and the signal may close it before the budget; ``samples[0].stopped`` says which
+    signal stopped it, at which token and why.
+    """
+    if early_stop is not None and early_stop.signal == "consensus":
+        raise ValueError("the consensus signal stops sampling, not thinking: use it with "
+                         "self_consistency(early_stop=...)")
     backend = resolve_backend(backend)
     profile = resolve_profile(backend, profile)
-    plan = ThinkPlan(backend, profile, budget or ThinkingBudget(), sampling_kwargs(profile, sampling))
+    plan = ThinkPlan(backend, profile, budget or ThinkingBudget(), sampling_kwargs(profile, sampling),
+                     early_stop)
     with timed_cost(backend) as cost:
         state = think_then_answer_program.run(question=question, plan=plan, system=system,
                                               backend=backend)
@@ -159,4 +219,4 @@ def think_then_answer(
     total.thinking_tokens, total.answer_tokens = sample.thinking_tokens, sample.answer_tokens
     return ProgramResult(answer=sample.answer, samples=[sample], cost=total,
                          info={"route": plan.route, "profile": profile.name,
-                               "marker_tokens": len(plan.end_ids)})
+                               "marker_tokens": len(plan.end_ids), "early_stop": sample.stopped})

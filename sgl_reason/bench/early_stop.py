@@ -1,0 +1,116 @@
+"""``sgl-reason bench early-stop``: tokens saved by each signal, and what it costs in answers.
+
+On a seeded reasoning-gym set, in one process against one server, greedy decoding:
+
+- ``full``: think_then_answer with the whole thinking budget, chunked like the signals (the
+  ``none`` signal), so that only the stop differs;
+- ``entropy``, ``probe``, ``confidence``: the same with the signal watching chunked thinking;
+- ``self_consistency`` (n samples, temperature sampling) full vs ``consensus``.
+
+Tokens are everything decoded for a problem (thinking, probes, answer). ``tokens_saved`` is
+1 - tokens / full tokens; ``agreement_with_full`` compares the final answers problem by problem.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from sgl_reason.data import load
+from sgl_reason.early_stop import EarlyStop
+from sgl_reason.profiles import Sampling
+from sgl_reason.programs import ThinkingBudget, self_consistency, think_then_answer
+from sgl_reason.vote import normalize_answer
+
+logger = logging.getLogger(__name__)
+
+GREEDY = Sampling(temperature=0.0, top_p=1.0)
+
+
+def _norm(answer):
+    return normalize_answer(answer) if answer else None
+
+
+def _row(problems, results, reference=None) -> dict:
+    n = len(problems)
+    tokens = sum(r.cost.decode_tokens for r in results) / n
+    row = {
+        "tokens": round(tokens, 1),
+        "thinking_tokens": round(sum(r.cost.thinking_tokens for r in results) / n, 1),
+        "accuracy": sum(p.grade(r.answer) for p, r in zip(problems, results)) / n,
+        "computed_prefill_tokens": round(sum(r.cost.computed_prefill_tokens for r in results) / n, 1),
+        "requests": round(sum(r.cost.requests for r in results) / n, 2),
+    }
+    if reference is not None:
+        row["tokens_saved"] = round(1 - tokens / reference["tokens"], 4) if reference["tokens"] else 0.0
+        row["agreement_with_full"] = sum(
+            _norm(a.answer) == _norm(b.answer) for a, b in zip(results, reference["_results"])) / n
+    return row
+
+
+def run(backend, dataset: str = "basic_arithmetic", limit: int = 50, budget: int = 96,
+        chunk: int = 16, n: int = 8, concurrency: int = 8) -> dict:
+    problems = load(f"reasoning-gym:{dataset}?size={limit}&seed=0")
+    think = ThinkingBudget(max_thinking_tokens=budget, max_answer_tokens=16, mode="two")
+
+    def over(fn):
+        with ThreadPoolExecutor(max_workers=concurrency) as pool:
+            return list(pool.map(fn, problems))
+
+    baseline = EarlyStop(signal="none", chunk_tokens=chunk, window=chunk)
+    full_results = over(lambda p: think_then_answer(p.question, budget=think, backend=backend,
+                                                    sampling=GREEDY, early_stop=baseline))
+    full = _row(problems, full_results)
+    full["_results"] = full_results
+    signals = {}
+    for name in ("entropy", "probe", "confidence"):
+        config = EarlyStop(signal=name, chunk_tokens=chunk, window=chunk)
+        results = over(lambda p, c=config: think_then_answer(
+            p.question, budget=think, backend=backend, sampling=GREEDY, early_stop=c))
+        signals[name] = _row(problems, results, full)
+        signals[name]["stopped_early"] = sum(r.samples[0].stopped is not None for r in results) / len(problems)
+        logger.info("%s: %s", name, signals[name])
+
+    sc_full_results = over(lambda p: self_consistency(p.question, n=n, max_tokens=48, backend=backend))
+    sc_full = _row(problems, sc_full_results)
+    sc_full["_results"] = sc_full_results
+    consensus = EarlyStop(signal="consensus", batch=max(2, n // 2))
+    results = over(lambda p: self_consistency(p.question, n=n, max_tokens=48, backend=backend,
+                                              early_stop=consensus))
+    signals["consensus"] = _row(problems, results, sc_full)
+    signals["consensus"]["samples_drawn"] = sum(r.info["samples_drawn"] for r in results) / len(problems)
+    for row in (full, sc_full):
+        row.pop("_results")
+    return {"dataset": dataset, "problems": len(problems), "thinking_budget": budget,
+            "chunk_tokens": chunk, "model": backend.get_model_name(),
+            "full": full, "self_consistency_full": {**sc_full, "n": n}, "signals": signals}
+
+
+def table(report: dict) -> str:
+    lines = [f"{report['dataset']}, {report['problems']} problems, thinking budget "
+             f"{report['thinking_budget']}, chunks of {report['chunk_tokens']}",
+             f"{'run':22} {'tokens':>8} {'saved':>7} {'accuracy':>9} {'agree w/ full':>14}"]
+    f = report["full"]
+    lines.append(f"{'full (think_then_answer)':22} {f['tokens']:>8} {'':>7} {f['accuracy']:>9.2f} {'':>14}")
+    for name, r in report["signals"].items():
+        if name == "consensus":
+            sc = report["self_consistency_full"]
+            lines.append(f"{'full self-consistency':22} {sc['tokens']:>8} {'':>7} {sc['accuracy']:>9.2f} {'':>14}")
+        lines.append(f"{name:22} {r['tokens']:>8} {r['tokens_saved']:>7.1%} {r['accuracy']:>9.2f} "
+                     f"{r['agreement_with_full']:>14.2f}")
+    return "\n".join(lines)
+
+
+def main(args) -> int:
+    from sgl_reason.cli import backend_for
+
+    with backend_for(args.url, args.server_arg) as backend:
+        report = run(backend, dataset=args.dataset, limit=args.limit, budget=args.budget,
+                     chunk=args.chunk)
+    print(table(report))
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2))
+        print(f"wrote {args.json}")
+    return 0

@@ -1,0 +1,137 @@
+"""The early-stop config, the signal interface and its registry."""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+SIGNALS: dict[str, type["Signal"]] = {}
+
+# Defaults per signal for ``EarlyStop.threshold``.
+DEFAULT_THRESHOLDS = {"entropy": 0.1, "confidence": 0.5}
+
+
+class EarlyStop(BaseModel):
+    """Which signal stops what, and its knobs. Validated against the registry and ranges."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    signal: str
+    chunk_tokens: int = Field(32, ge=1)  # thinking is generated and checked every K tokens
+    window: int = Field(32, ge=1)  # entropy: tokens averaged; confidence: group size
+    threshold: float | None = None  # entropy (nats, >= 0) or confidence (> 0); signal default
+    top_k: int = Field(5, ge=2, le=20)  # top logprobs per token, for entropy and confidence
+    probe_tokens: int = Field(16, ge=1)  # probe: tokens a probe may generate
+    probe_agree: int = Field(2, ge=2)  # probe: consecutive equal probe answers needed
+    batch: int = Field(4, ge=2)  # consensus: samples per window
+    confidence_level: float = Field(0.95, gt=0.5, lt=1.0)  # consensus: Beta posterior mass
+    min_tokens: int = Field(0, ge=0)  # never stop before this many thinking tokens
+
+    @field_validator("signal")
+    @classmethod
+    def _known(cls, name: str) -> str:
+        if name not in SIGNALS:
+            raise ValueError(f"Unknown early-stop signal {name!r}. Supported signals: {sorted(SIGNALS)}")
+        return name
+
+    @model_validator(mode="after")
+    def _ranges(self) -> "EarlyStop":
+        t = self.threshold
+        if t is not None and (not math.isfinite(t) or t < 0 or (self.signal == "confidence" and t == 0)):
+            raise ValueError(f"threshold {t} is out of range for {self.signal!r}: use a finite "
+                             "value >= 0 (entropy, in nats) or > 0 (confidence)")
+        return self
+
+    @property
+    def effective_threshold(self) -> float | None:
+        return self.threshold if self.threshold is not None else DEFAULT_THRESHOLDS.get(self.signal)
+
+    def check_budget(self, budget_tokens: int) -> None:
+        """Windows larger than the budget could never fire: refuse them with the numbers."""
+        for name in ("window", "chunk_tokens", "min_tokens"):
+            if getattr(self, name) > budget_tokens:
+                raise ValueError(f"early stop {name}={getattr(self, name)} is larger than the "
+                                 f"thinking budget ({budget_tokens} tokens): lower it or raise "
+                                 "max_thinking_tokens")
+
+    def build(self) -> "Signal":
+        return SIGNALS[self.signal](self)
+
+
+@dataclass
+class Chunk:
+    """One generated chunk of a trace, as a signal sees it."""
+
+    text: str
+    tokens_so_far: int  # trace tokens including this chunk
+    logprobs: list[float] = field(default_factory=list)  # chosen tokens
+    top_logprobs: list[list[float]] = field(default_factory=list)  # per token, top-k
+    probe: Callable[[], str | None] | None = None  # forks a probe off the trace (probe signal)
+
+
+@dataclass(frozen=True)
+class StopDecision:
+    signal: str
+    at_token: int  # trace tokens when the decision was taken
+    reason: str
+    drop: bool = False  # the trace is abandoned (no answer from it), not merely closed
+
+
+class Signal(ABC):
+    """Per-trace state; :meth:`observe` sees each chunk and may decide to stop.
+
+    Contract: one instance per trace (``EarlyStop.build()``), chunks in order; it never sends
+    requests itself except through ``chunk.probe``.
+    """
+
+    name: ClassVar[str]
+    needs_logprobs: ClassVar[bool] = False
+    needs_probe: ClassVar[bool] = False
+
+    def __init__(self, config: EarlyStop):
+        self.config = config
+
+    @abstractmethod
+    def observe(self, chunk: Chunk) -> StopDecision | None: ...
+
+    def record(self, chunk: Chunk) -> None:
+        """The trace's last chunk (it ended by itself): update statistics, decide nothing."""
+
+    def weight(self) -> float:
+        """Vote weight of the finished trace (1 unless the signal measures confidence)."""
+        return 1.0
+
+    def info(self) -> dict[str, Any]:
+        return {}
+
+
+def register(name: str):
+    def wrap(cls):
+        cls.name = name
+        SIGNALS[name] = cls
+        return cls
+    return wrap
+
+
+def get_signal(name: str) -> type[Signal]:
+    if name not in SIGNALS:
+        raise ValueError(f"Unknown early-stop signal {name!r}. Supported signals: {sorted(SIGNALS)}")
+    return SIGNALS[name]
+
+
+def token_entropies(top_logprobs: list[list[float]]) -> list[float]:
+    """Entropy (nats) of each token's distribution, estimated from its top-k renormalized."""
+    out = []
+    for lps in top_logprobs:
+        if not lps:
+            continue
+        m = max(lps)
+        ps = [math.exp(x - m) for x in lps]
+        z = sum(ps)
+        out.append(-sum(p / z * math.log(p / z) for p in ps if p > 0))
+    return out

@@ -1,0 +1,47 @@
+"""``confidence``: DeepConf-style per-trace confidence.
+
+Token confidence = minus the mean of the top-k logprobs at that position (high when the
+distribution is peaked). Group confidence = mean token confidence over a sliding ``window``.
+A trace whose group confidence falls under ``threshold`` is stopped and dropped; a finished
+trace votes with the weight of its lowest group confidence.
+"""
+
+from __future__ import annotations
+
+from sgl_reason.early_stop.base import Chunk, Signal, StopDecision, register
+
+
+@register("confidence")
+class ConfidenceSignal(Signal):
+    needs_logprobs = True
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.tokens: list[float] = []
+        self.lowest: float | None = None
+
+    def record(self, chunk: Chunk) -> None:
+        before = len(self.tokens)
+        self.tokens.extend(-sum(lps) / len(lps) for lps in chunk.top_logprobs if lps)
+        w = self.config.window
+        if len(self.tokens) < w:  # shorter than one group: the mean so far
+            self.lowest = sum(self.tokens) / len(self.tokens) if self.tokens else None
+            return
+        for end in range(max(w, before), len(self.tokens) + 1):
+            group = sum(self.tokens[end - w:end]) / w
+            self.lowest = group if self.lowest is None else min(self.lowest, group)
+
+    def observe(self, chunk: Chunk) -> StopDecision | None:
+        self.record(chunk)
+        if len(self.tokens) >= self.config.window and (self.lowest is not None and self.lowest < self.config.effective_threshold
+                and chunk.tokens_so_far >= self.config.min_tokens):
+            return StopDecision("confidence", chunk.tokens_so_far,
+                                f"group confidence {self.lowest:.3f} < "
+                                f"{self.config.effective_threshold}", drop=True)
+        return None
+
+    def weight(self) -> float:
+        return self.lowest if self.lowest is not None else 1.0
+
+    def info(self):
+        return {"lowest_group_confidence": self.lowest}

@@ -1,0 +1,64 @@
+"""Generation in chunks with an early-stop signal watching (thinking, or a direct answer).
+
+Each chunk is a request whose prompt is the text so far: the previous chunk's KV is in the
+radix cache, so a chunk prefills only the few tokens that re-tokenization changes at the seam.
+"""
+
+from __future__ import annotations
+
+import sglang as sgl
+
+from sgl_reason.early_stop import Chunk, EarlyStop, Signal, StopDecision
+from sgl_reason.vote import extract_answer
+
+
+def _logprobs(meta: dict) -> tuple[list[float], list[list[float]]]:
+    chosen = [float(x[0]) for x in meta.get("output_token_logprobs") or [] if x and x[0] is not None]
+    top = [[float(y[0]) for y in (row or []) if y and y[0] is not None]
+           for row in meta.get("output_top_logprobs") or []]
+    return chosen, top
+
+
+def generate_chunked(s, name: str, max_tokens: int, stops: list[str] | None, sampling: dict,
+                     signal: Signal, config: EarlyStop, probe=None, before_chunk=None):
+    """Returns (text, tokens, closed_by_model, decision). ``probe(s)`` -> answer, for ``probe``;
+    ``before_chunk(s)`` runs before each chunk request (e.g. to attach request extras)."""
+    used, parts, k = 0, [], 0
+    extra = {"return_logprob": True, "top_logprobs_num": config.top_k} if signal.needs_logprobs else {}
+    while used < max_tokens:
+        part = f"{name}_{k}"
+        k += 1
+        if before_chunk is not None:
+            before_chunk(s)
+        s += sgl.gen(part, max_tokens=min(config.chunk_tokens, max_tokens - used), stop=stops,
+                     **sampling, **extra)
+        meta = s.get_meta_info(part)
+        used += meta["completion_tokens"]
+        parts.append(s[part])
+        chosen, top = _logprobs(meta)
+        chunk = Chunk(
+            text=s[part], tokens_so_far=used, logprobs=chosen, top_logprobs=top,
+            probe=(lambda: probe(s)) if probe is not None and signal.needs_probe else None,
+        )
+        if meta["finish_reason"]["type"] == "stop":  # the trace ended by itself
+            signal.record(chunk)
+            return "".join(parts), used, True, None
+        decision = signal.observe(chunk)
+        if decision is not None:
+            return "".join(parts), used, False, decision
+    return "".join(parts), used, False, None
+
+
+def probe_answer(s, suffix: str, max_tokens: int) -> str | None:
+    """Fork the trace, close it with ``suffix`` and read a short greedy answer."""
+    fork = s.fork(1)[0]
+    fork += suffix
+    fork += sgl.gen("probe", max_tokens=max_tokens, temperature=0)
+    return extract_answer(fork["probe"])
+
+
+def decision_dict(decision: StopDecision | None) -> dict | None:
+    if decision is None:
+        return None
+    return {"signal": decision.signal, "at_token": decision.at_token, "reason": decision.reason,
+            "drop": decision.drop}

@@ -1,0 +1,120 @@
+"""Early-stop signals against the real server: assertions on tokens and cached prefill."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from sgl_reason.early_stop import EarlyStop, token_entropies
+from sgl_reason.early_stop.consensus import ConsensusSignal, beta_majority_mass
+from sgl_reason.profiles import Sampling
+from sgl_reason.programs import ThinkingBudget, self_consistency, think_then_answer
+
+QUESTION = "Tom has 3 boxes with 4 apples each. He eats 2 apples. How many apples are left?"
+BUDGET = ThinkingBudget(max_thinking_tokens=96, max_answer_tokens=8)
+GREEDY = Sampling(temperature=0.0)
+
+
+
+@pytest.mark.server
+def test_chunked_thinking_prefills_only_the_prompt_once(fresh_cache):
+    """Six chunks and the answer are seven requests; the cache serves each one's prefix."""
+    config = EarlyStop(signal="none", chunk_tokens=16, window=16)
+    result = think_then_answer(QUESTION, budget=BUDGET, backend=fresh_cache.endpoint,
+                               sampling=GREEDY, early_stop=config)
+    sample, cost = result.samples[0], result.cost
+    assert sample.thinking_tokens == 96 and sample.stopped is None  # the EOS is masked
+    assert cost.requests == 7
+    prompt = 53  # 45-token chat prompt + "Let's think step by step.\n"
+    marker = result.info["marker_tokens"]
+    # prompt once, the marker before the answer, and at most 2 seam tokens per request
+    assert cost.computed_prefill_tokens <= prompt + marker + 2 * cost.requests, cost
+
+
+@pytest.mark.server
+def test_entropy_stops_before_the_budget(runtime):
+    config = EarlyStop(signal="entropy", chunk_tokens=16, window=16, threshold=10.0)
+    result = think_then_answer(QUESTION, budget=BUDGET, backend=runtime.endpoint,
+                               early_stop=config)
+    sample = result.samples[0]
+    assert sample.stopped["signal"] == "entropy" and sample.stopped["at_token"] == 16
+    assert sample.thinking_tokens == 16 < BUDGET.thinking_tokens
+    assert result.info["early_stop"] == sample.stopped
+    assert "mean entropy" in sample.stopped["reason"]
+
+
+@pytest.mark.server
+def test_probes_reuse_the_cached_thinking(fresh_cache):
+    config = EarlyStop(signal="probe", chunk_tokens=16, window=16, probe_tokens=6)
+    result = think_then_answer(QUESTION, budget=BUDGET, backend=fresh_cache.endpoint,
+                               sampling=GREEDY, early_stop=config)
+    sample, cost = result.samples[0], result.cost
+    chunks = -(-sample.thinking_tokens // 16)
+    probes = cost.requests - chunks - 1
+    assert probes >= 2
+    marker = result.info["marker_tokens"]
+    # a probe prefills only its own suffix (the marker) plus a seam token or two
+    assert cost.computed_prefill_tokens <= 53 + marker * (probes + 1) + 2 * cost.requests, cost
+    if sample.stopped is not None:
+        assert sample.thinking_tokens < BUDGET.thinking_tokens
+        assert "consecutive probes" in sample.stopped["reason"]
+    else:
+        assert sample.thinking_tokens == BUDGET.thinking_tokens
+
+
+@pytest.mark.server
+def test_confidence_drops_low_confidence_traces(runtime):
+    strict = EarlyStop(signal="confidence", chunk_tokens=8, window=8, threshold=100.0)
+    result = self_consistency(QUESTION, n=3, max_tokens=32, backend=runtime.endpoint,
+                              early_stop=strict)
+    for sample in result.samples:
+        assert sample.stopped["drop"] and sample.answer is None and sample.answer_tokens == 8
+    assert result.answer is None  # nothing left to vote for
+    lenient = EarlyStop(signal="confidence", chunk_tokens=8, window=8, threshold=1e-6)
+    result = self_consistency(QUESTION, n=3, max_tokens=16, backend=runtime.endpoint,
+                              early_stop=lenient)
+    assert all(s.stopped is None and s.score > 0 for s in result.samples)
+    total = sum(s.score for s in result.samples if s.answer)
+    assert sum(result.vote.votes.values()) == pytest.approx(total)  # confidence-weighted vote
+
+
+@pytest.mark.server
+def test_consensus_stops_sampling_when_unanimous(runtime):
+    config = EarlyStop(signal="consensus", batch=4)
+    result = self_consistency(QUESTION, n=12, max_tokens=16, backend=runtime.endpoint,
+                              sampling=GREEDY, early_stop=config)
+    assert result.info["samples_drawn"] == 4 and len(result.samples) == 4
+    assert result.info["early_stop"]["signal"] == "consensus"
+    assert result.cost.decode_tokens <= 4 * 16
+
+
+def test_beta_rule():
+    assert beta_majority_mass(2, 2) == pytest.approx(0.5, abs=1e-3)
+    assert beta_majority_mass(9, 1) > 0.95 > beta_majority_mass(3, 1)
+    judge = ConsensusSignal(EarlyStop(signal="consensus"))
+    assert judge.settled(["1", "2", "1", "3"], ["1", "3"], 4) is None
+    assert judge.settled(["1"] * 3 + ["2"], ["1", "1"], 4).reason.startswith("window of 2 unanimous")
+
+
+def test_token_entropies():
+    import math
+
+    assert token_entropies([[0.0]]) == [0.0]
+    assert token_entropies([[math.log(0.5), math.log(0.5)]])[0] == pytest.approx(math.log(2))
+
+
+def test_bad_input_names_the_fix():
+    with pytest.raises(ValidationError, match=r"Supported signals: \['confidence', 'consensus'"):
+        EarlyStop(signal="vibes")
+    with pytest.raises(ValidationError, match="out of range"):
+        EarlyStop(signal="entropy", threshold=-0.5)
+    with pytest.raises(ValidationError, match="out of range"):
+        EarlyStop(signal="confidence", threshold=0.0)
+    with pytest.raises(ValidationError):
+        EarlyStop(signal="consensus", confidence_level=1.5)
+    with pytest.raises(ValueError, match="window=200 is larger than the thinking budget"):
+        EarlyStop(signal="entropy", window=200).check_budget(96)
+    with pytest.raises(ValueError, match="consensus signal stops sampling"):
+        think_then_answer(QUESTION, early_stop=EarlyStop(signal="consensus"), backend=object())
+    with pytest.raises(ValueError, match="pass think="):
+        self_consistency(QUESTION, early_stop=EarlyStop(signal="probe"), backend=object())
