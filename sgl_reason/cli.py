@@ -119,13 +119,33 @@ def _cmd_eval(args: argparse.Namespace) -> int:
             max_thinking_tokens=args.max_thinking_tokens or "low",
             max_answer_tokens=args.max_answer_tokens,
         )
+    early = {}
+    if args.early_stop and args.program == "best_of_n":
+        print("sgl-reason: error: --early-stop applies to self_consistency and "
+              "think_then_answer, not best_of_n", file=sys.stderr)
+        return 2
+    if args.early_stop:
+        from sgl_reason.early_stop import EarlyStop
+
+        try:
+            config = EarlyStop(signal=args.early_stop)
+            if think is not None and args.early_stop != "consensus":
+                config.check_budget(think.thinking_tokens)
+        except ValueError as error:
+            print(f"sgl-reason: error: --early-stop: {error}", file=sys.stderr)
+            return 2
+        early = {"early_stop": config}
     with backend_for(args.url, args.server_arg) as backend:
         if args.program == "think_then_answer":
-            program = functools.partial(programs.think_then_answer, budget=think, backend=backend)
+            program = functools.partial(programs.think_then_answer, budget=think, backend=backend,
+                                        **early)
+        elif args.program == "self_consistency":
+            program = functools.partial(programs.self_consistency, n=args.n,
+                                        max_tokens=args.max_tokens, think=think, backend=backend,
+                                        **early)
         else:
-            entry = getattr(programs, args.program)
-            program = functools.partial(entry, n=args.n, max_tokens=args.max_tokens, think=think,
-                                        backend=backend)
+            program = functools.partial(programs.best_of_n, n=args.n, max_tokens=args.max_tokens,
+                                        think=think, backend=backend)
         summary = evaluate.run(program, problems, out, concurrency=args.concurrency)
     print(evaluate.summary_table(summary))
     print(f"records: {out}\nsummary: {evaluate.summary_path(out)}")
@@ -187,6 +207,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-thinking-tokens", type=_int_or_tier, default=None,
                    help="thinking budget (an integer or low/medium/high)")
     p.add_argument("--max-answer-tokens", type=int, default=256)
+    p.add_argument("--early-stop", default=None,
+                   help="early-stop signal: entropy, probe, confidence (thinking or branches), "
+                   "consensus (self_consistency)")
     p.add_argument("--concurrency", type=int, default=2, help="problems in flight")
     p.add_argument("--url", default=None, help="a running server (default: start one)")
     p.add_argument("--server-arg", action="append", default=[],

@@ -78,3 +78,14 @@ def test_plot_rejects_unknown_files(tmp_path, capsys):
     other.write_text("{}")
     assert main(["plot", str(other)]) == 2
     assert "not an eval records/summary file" in capsys.readouterr().err
+
+
+def test_bad_early_stop_names_the_choices(tmp_path, capsys):
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"question": "1+1?", "answer": "2"}\n')
+    assert main(["eval", "--program", "think_then_answer", "--data", str(data),
+                 "--early-stop", "vibes"]) == 2
+    assert "Supported signals" in capsys.readouterr().err
+    assert main(["eval", "--program", "best_of_n", "--data", str(data), "--early-stop",
+                 "entropy", "--url", "http://127.0.0.1:9"]) == 2
+    assert "not best_of_n" in capsys.readouterr().err
