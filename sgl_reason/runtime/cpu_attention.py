@@ -95,8 +95,11 @@ def _partial(q, k, v, scale, mask=None):
     return torch.matmul(e, v), m, e.sum(dim=-1, keepdim=True)
 
 
-def _rows(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-    return torch.index_select(cache, 0, slots).float()
+def _rows(cache, slots: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
+    """Gather KV rows: a plain pool tensor, or a quantized view that dequantizes just these."""
+    if hasattr(cache, "rows"):  # fp8_kv.PerTokenFP8View
+        return cache.rows(slots).to(dtype)
+    return torch.index_select(cache, 0, slots).to(dtype)
 
 
 def shared_prefix_decode(query, k_cache, v_cache, plan: DecodePlan, scale: float) -> torch.Tensor:
@@ -143,8 +146,8 @@ def extend_attention(query, output, k_cache, v_cache, req_to_token, req_pool_ind
     for n, prefix, kv, pool in zip(q_lens, prefixes, kv_lens, pools):
         slots = req_to_token[pool, :kv].long()
         q = query[start:start + n].transpose(0, 1).unsqueeze(0)  # [1, Hq, n, D]
-        k = torch.index_select(k_cache, 0, slots).transpose(0, 1).unsqueeze(0).to(q.dtype)
-        v = torch.index_select(v_cache, 0, slots).transpose(0, 1).unsqueeze(0).to(q.dtype)
+        k = _rows(k_cache, slots, q.dtype).transpose(0, 1).unsqueeze(0)
+        v = _rows(v_cache, slots, q.dtype).transpose(0, 1).unsqueeze(0)
         mask, is_causal = None, False
         if causal and prefix == 0:
             is_causal = True  # square: SDPA's own causal mask is the right one

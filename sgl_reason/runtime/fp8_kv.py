@@ -1,0 +1,284 @@
+"""FP8 KV cache with one scale per (token, head): ``--kv-cache-dtype fp8_e4m3 --kv-scale per-token``.
+
+SGLang's FP8 KV stores ``float8_e4m3fn`` with one scale per tensor (1.0 unless calibrated), so
+a token whose K or V exceeds +-448 saturates and small ones lose precision. Here every
+(token, head) row of K and of V gets its own scale, computed when it is written:
+
+| per token, per layer | bytes (SmolLM2: 3 KV heads x 64) | what |
+|---|---|---|
+| K and V data | 2 x H x D x 1 | ``float8_e4m3fn`` |
+| K and V scales | 2 x H x 2 | ``bfloat16``: amax(row) / 448, rounded before dividing |
+
+Reads never dequantize the pool: ``get_key_buffer`` returns a :class:`PerTokenFP8View` and
+attention gathers the rows it needs (``view[idx]`` or ``view.rows(slots)``), dequantizing only
+those. Pool sizing counts the scale bytes (the cell-size hook below), so a memory budget buys
+the true number of tokens.
+
+Supported: the torch_native attention backend (CPU), with the radix cache, forks and the
+plugin's CPU attention. The Triton GPU path is not implemented: launching it fails with the
+list of what is supported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+ENV = "SGL_REASON_KV_SCALE"
+MODES = ("per-tensor", "per-token")
+FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0
+SCALE_DTYPE = torch.bfloat16
+SUPPORTED = {"kv_cache_dtype": ("fp8_e4m3",), "attention_backend": ("torch_native",)}
+
+
+def mode() -> str:
+    """``per-tensor`` (stock SGLang), ``per-token``, or, for benchmarks only, an emulation of
+    per-tensor scaling inside this pool: ``fixed:S`` (every row scaled by S; S=1.0 is SGLang's
+    uncalibrated default) or ``layers:PATH`` (per-layer K/V scales from a calibration JSON)."""
+    return os.environ.get(ENV, "per-tensor")
+
+
+def uses_pool() -> bool:
+    m = mode()
+    return m == "per-token" or m.startswith(("fixed:", "layers:"))
+
+
+def _fixed_scales(num_layers: int) -> list[tuple[float, float]] | None:
+    """(k_scale, v_scale) per layer for the per-tensor emulations, None for per-token."""
+    m = mode()
+    if m.startswith("fixed:"):
+        value = float(m.split(":", 1)[1])
+        return [(value, value)] * num_layers
+    if m.startswith("layers:"):
+        import json
+
+        table = json.loads(open(m.split(":", 1)[1]).read())
+        return [(float(k), float(v)) for k, v in zip(table["k"], table["v"])]
+    return None
+
+
+# -- the numbers ------------------------------------------------------------------------------
+
+def quantize(x: torch.Tensor, fixed: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [..., D] -> (fp8 [..., D], scale [...] in SCALE_DTYPE), one scale per row (or the
+    ``fixed`` scale for every row: per-tensor scaling, values beyond 448 x scale saturate)."""
+    if fixed is None:
+        amax = x.abs().amax(dim=-1).float()
+        scale = (amax / FP8_MAX).clamp(min=1e-12).to(SCALE_DTYPE)
+    else:
+        scale = torch.full(x.shape[:-1], fixed, dtype=SCALE_DTYPE, device=x.device)
+    q = (x.float() / scale.float().unsqueeze(-1)).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+    return q, scale
+
+
+def dequantize(q: torch.Tensor, scale: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
+    return (q.float() * scale.float().unsqueeze(-1)).to(dtype)
+
+
+class PerTokenFP8View:
+    """What ``get_key_buffer`` returns: indexing dequantizes only the selected token rows."""
+
+    def __init__(self, data: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype):
+        self.data, self.scale, self.dtype = data, scale, dtype  # data: fp8 [N, H, D]
+
+    @property
+    def shape(self):
+        return self.data.shape
+
+    @property
+    def device(self):
+        return self.data.device
+
+    def __getitem__(self, idx) -> torch.Tensor:
+        return dequantize(self.data[idx], self.scale[idx], torch.float32)
+
+    def rows(self, slots: torch.Tensor) -> torch.Tensor:
+        return dequantize(torch.index_select(self.data, 0, slots),
+                          torch.index_select(self.scale, 0, slots), torch.float32)
+
+    def __repr__(self):
+        return f"PerTokenFP8View(tokens={self.data.shape[0]}, heads={self.data.shape[1]})"
+
+
+def scale_bytes_per_token(num_layers: int, kv_heads: int) -> int:
+    return num_layers * 2 * kv_heads * torch._utils._element_size(SCALE_DTYPE)
+
+
+# -- the pool ---------------------------------------------------------------------------------
+
+def pool_class():
+    """The pool subclass (built on first use: it derives from SGLang's MHATokenToKVPool)."""
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, unwrap_write_loc
+
+    class PerTokenFP8KVPool(MHATokenToKVPool):
+        """MHATokenToKVPool whose K/V rows carry their own bf16 scale."""
+
+        def _create_buffers(self):
+            super()._create_buffers()
+            self._fixed = _fixed_scales(self.layer_num)
+            rows = self.k_buffer[0].shape[0]
+            self.token_k_scale = [torch.ones(rows, self.head_num, dtype=SCALE_DTYPE, device=self.device)
+                                  for _ in range(self.layer_num)]
+            self.token_v_scale = [torch.ones(rows, self.head_num, dtype=SCALE_DTYPE, device=self.device)
+                                  for _ in range(self.layer_num)]
+
+        def _clear_buffers(self):
+            super()._clear_buffers()
+            del self.token_k_scale, self.token_v_scale
+
+        def get_kv_size_bytes(self):
+            k, v = super().get_kv_size_bytes()
+            scales = sum(t.numel() * t.element_size() for t in self.token_k_scale)
+            return k + scales, v + scales
+
+        def _get_key_buffer(self, layer_id: int):
+            i = layer_id - self.start_layer
+            return PerTokenFP8View(self.k_buffer[i].view(FP8), self.token_k_scale[i], self.dtype)
+
+        def _get_value_buffer(self, layer_id: int):
+            i = layer_id - self.start_layer
+            return PerTokenFP8View(self.v_buffer[i].view(FP8), self.token_v_scale[i], self.dtype)
+
+        def set_kv_buffer(self, layer, loc_info, cache_k, cache_v, k_scale=None, v_scale=None,
+                          layer_id_override=None, dcp_kv_mask=None):
+            if dcp_kv_mask is not None:
+                raise RuntimeError("per-token FP8 KV does not support decode context parallelism")
+            loc, _, _ = unwrap_write_loc(loc_info)
+            layer_id = layer_id_override if layer_id_override is not None else layer.layer_id
+            i = layer_id - self.start_layer
+            fixed = self._fixed[i] if self._fixed is not None else (None, None)
+            qk, sk = quantize(cache_k.view(-1, self.head_num, self.head_dim), fixed[0])
+            qv, sv = quantize(cache_v.view(-1, self.head_num, self.v_head_dim), fixed[1])
+            self.k_buffer[i][loc] = qk.view(self.store_dtype)
+            self.v_buffer[i][loc] = qv.view(self.store_dtype)
+            self.token_k_scale[i][loc] = sk
+            self.token_v_scale[i][loc] = sv
+
+        def move_kv_cache(self, tgt_loc, src_loc):
+            super().move_kv_cache(tgt_loc, src_loc)
+            for ks, vs in zip(self.token_k_scale, self.token_v_scale):
+                ks[tgt_loc] = ks[src_loc]
+                vs[tgt_loc] = vs[src_loc]
+
+    return PerTokenFP8KVPool
+
+
+# -- wiring into SGLang (plugin) --------------------------------------------------------------
+
+class _ExportKvScale(argparse.Action):
+    """Stores the flag and exports it, so the scheduler process (spawned later) sees it."""
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        setattr(namespace, self.dest, value)
+        os.environ[ENV] = value
+
+
+def add_cli_flag(parser: argparse.ArgumentParser) -> None:
+    if any("--kv-scale" in a.option_strings for a in parser._actions):
+        return
+    parser.add_argument(
+        "--kv-scale", choices=MODES, default=None, action=_ExportKvScale,
+        help="(sgl-reason) FP8 KV scale granularity with --kv-cache-dtype fp8_e4m3: per-tensor "
+             "(stock SGLang) or per-token (one scale per token and head)",
+    )
+
+
+def validate(server_args) -> None:
+    """Refuse unsupported combinations at launch, listing what is supported."""
+    if not uses_pool():
+        return
+    problems = []
+    if server_args.kv_cache_dtype not in SUPPORTED["kv_cache_dtype"]:
+        problems.append(f"--kv-cache-dtype {server_args.kv_cache_dtype}")
+    backend = server_args.attention_backend
+    if backend not in SUPPORTED["attention_backend"]:
+        problems.append(f"--attention-backend {backend}")
+    if problems:
+        raise ValueError(
+            f"--kv-scale per-token does not support {', '.join(problems)}. Supported: "
+            "--kv-cache-dtype fp8_e4m3 with --attention-backend torch_native (CPU). The Triton "
+            "GPU path is not implemented yet; use --kv-scale per-tensor there."
+        )
+
+
+def install() -> None:
+    """Patch ServerArgs (flag, validation), the pool class and the pool's cell size."""
+    from sglang.srt import server_args as sa
+
+    cls = sa.ServerArgs
+    if getattr(cls, "_sgl_reason_fp8", False):
+        return
+    stock_add, stock_resolve_args = cls.add_cli_args, cls.resolve_once
+
+    def add_cli_args(parser):
+        stock_add(parser)
+        add_cli_flag(parser)
+
+    def resolve_once(self):  # launchers resolve defaults (e.g. the backend) here, then we check
+        stock_resolve_args(self)
+        validate(self)
+
+    cls.add_cli_args = staticmethod(add_cli_args)
+    cls.resolve_once = resolve_once
+    cls._sgl_reason_fp8 = True
+
+    from sglang.srt.mem_cache import kv_cache_configurator as kc
+    from sglang.srt.model_executor import pool_configurator as pc
+
+    stock_resolve = kc.KVCacheConfigurator._resolve_kv_pool_class
+
+    def resolve(self, *, kind, default):
+        if kind == "mha" and uses_pool():
+            return pool_class()
+        return stock_resolve(self, kind=kind, default=default)
+
+    kc.KVCacheConfigurator._resolve_kv_pool_class = resolve
+
+    # Stock SGLang serves FP8 KV on CPU only through AMX kernels (intel_amx backend) and refuses
+    # it otherwise. The per-token pool needs neither: its quant method is its own (none of
+    # SGLang's), and the AMX gate is lifted for the one check that applies it, nowhere else.
+    stock_quant = kc.KVCacheConfigurator._build_mha_quant_method
+    stock_configure = kc.KVCacheConfigurator.configure
+
+    def build_quant(self, *, num_layers):
+        if uses_pool():
+            return None
+        return stock_quant(self, num_layers=num_layers)
+
+    def configure(self, *, pre_model_load_memory):
+        if not uses_pool() or self.kv_cache_dtype != FP8:
+            return stock_configure(self, pre_model_load_memory=pre_model_load_memory)
+        amx, backends = kc.cpu_has_amx_support, kc.attention_backends
+        first = [True]
+
+        def gate_backends():
+            if first[0]:  # the AMX gate's own call, the first in configure()
+                first[0] = False
+                return ("intel_amx",)
+            return backends()
+
+        kc.cpu_has_amx_support, kc.attention_backends = (lambda: True), gate_backends
+        try:
+            return stock_configure(self, pre_model_load_memory=pre_model_load_memory)
+        finally:
+            kc.cpu_has_amx_support, kc.attention_backends = amx, backends
+
+    kc.KVCacheConfigurator._build_mha_quant_method = build_quant
+    kc.KVCacheConfigurator.configure = configure
+
+    stock_cell = pc.DefaultPoolConfigurator._compute_cell_size
+
+    def cell_size(self, kvc, num_layers):
+        size = stock_cell(self, kvc, num_layers)
+        if uses_pool() and not kvc.use_mla_backend:
+            heads = kvc.model_config.get_num_kv_heads(pc.get_parallel().attn_tp_size)
+            size += scale_bytes_per_token(num_layers, heads)
+        return size
+
+    pc.DefaultPoolConfigurator._compute_cell_size = cell_size

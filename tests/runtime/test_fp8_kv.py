@@ -1,0 +1,97 @@
+"""Per-token FP8 KV: quantization error bounds, pool accounting, launch validation, a real server."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from sgl_reason.runtime import fp8_kv
+
+# e4m3 keeps 3 mantissa bits: relative rounding error <= 2^-4 per element, plus the bf16
+# rounding of the scale (<= 2^-8), relative to the row's absolute maximum.
+REL_BOUND = 2 ** -4 + 2 ** -8
+
+
+def _roundtrip_error(x):
+    q, s = fp8_kv.quantize(x)
+    back = fp8_kv.dequantize(q, s)
+    amax = x.abs().amax(dim=-1, keepdim=True).float()
+    return ((back - x.float()).abs() / amax.clamp(min=1e-12)).max().item()
+
+
+def test_roundtrip_random():
+    x = torch.randn(512, 3, 64, generator=torch.Generator().manual_seed(0)).bfloat16()
+    assert _roundtrip_error(x) <= REL_BOUND
+
+
+def test_roundtrip_outlier_heavy():
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(256, 3, 64, generator=g) * 0.01
+    x[::7, :, 5] = 3000.0  # a few huge channels (outliers) in some tokens
+    x[1::5] *= 1e-4  # and tiny tokens next to them
+    err = _roundtrip_error(x.bfloat16())
+    assert err <= REL_BOUND
+    # one scale for the whole tensor (per-tensor) loses the tiny tokens entirely
+    q, s = fp8_kv.quantize(x, fixed=float(x.abs().max()) / fp8_kv.FP8_MAX)
+    tiny = fp8_kv.dequantize(q, s)[1::5]
+    assert (tiny == 0).float().mean() > 0.5
+
+
+def test_per_tensor_scale_one_saturates():
+    x = torch.tensor([[1000.0, -900.0, 0.5]])
+    q, s = fp8_kv.quantize(x, fixed=1.0)
+    assert fp8_kv.dequantize(q, s).tolist()[0][:2] == [448.0, -448.0]
+
+
+def test_view_dequantizes_only_the_rows_asked_for():
+    q, s = fp8_kv.quantize(torch.randn(100, 3, 8))
+    view = fp8_kv.PerTokenFP8View(q, s, torch.bfloat16)
+    rows = view.rows(torch.tensor([3, 7]))
+    assert rows.shape == (2, 3, 8)
+    torch.testing.assert_close(rows, view[torch.tensor([3, 7])])
+
+
+def test_pool_capacity_accounts_for_scales(monkeypatch):
+    monkeypatch.setenv(fp8_kv.ENV, "per-token")
+    pool_cls = fp8_kv.pool_class()
+    size, layers, heads, dim = 64, 4, 3, 64
+    pool = pool_cls(size=size, page_size=1, dtype=torch.float8_e4m3fn, head_num=heads,
+                    head_dim=dim, layer_num=layers, device="cpu", enable_memory_saver=False)
+    k_bytes, v_bytes = pool.get_kv_size_bytes()
+    rows = pool.k_buffer[0].shape[0]
+    assert k_bytes + v_bytes == rows * (2 * layers * heads * dim + fp8_kv.scale_bytes_per_token(layers, heads))
+    per_token = 2 * layers * heads * dim + fp8_kv.scale_bytes_per_token(layers, heads)
+    assert per_token / (2 * layers * heads * dim * 2) <= 0.53
+    # writes quantize per (token, head); reads dequantize
+    layer = SimpleNamespace(layer_id=1)
+    k = torch.randn(5, heads, dim)
+    pool.set_kv_buffer(layer, torch.arange(10, 15), k, k * 2)
+    got = pool.get_key_buffer(1)[torch.arange(10, 15)]
+    assert ((got - k).abs() <= REL_BOUND * k.abs().amax(dim=-1, keepdim=True)).all()
+
+
+def test_unsupported_combination_lists_what_is_supported(monkeypatch):
+    monkeypatch.setenv(fp8_kv.ENV, "per-token")
+    args = SimpleNamespace(kv_cache_dtype="auto", attention_backend="triton")
+    with pytest.raises(ValueError, match="Supported: --kv-cache-dtype fp8_e4m3 with --attention-backend torch_native"):
+        fp8_kv.validate(args)
+    fp8_kv.validate(SimpleNamespace(kv_cache_dtype="fp8_e4m3", attention_backend="torch_native"))
+
+
+@pytest.mark.server
+def test_per_token_server_generates_and_refuses_bad_flags():
+    from sgl_reason import EmbeddedRuntime, ServerStartError
+
+    with EmbeddedRuntime(extra_args=["--kv-cache-dtype", "fp8_e4m3", "--kv-scale", "per-token"]) as rt:
+        out = rt.generate("<|im_start|>user\nCount to five.<|im_end|>\n<|im_start|>assistant\n",
+                          max_new_tokens=24, temperature=0, ignore_eos=True)
+        assert out["meta_info"]["completion_tokens"] == 24 and out["text"].strip()
+        # forks share the quantized prefix through the radix cache
+        prefix = "Shared context about numbers. " * 40
+        first = rt.generate(prefix + "A", max_new_tokens=2)
+        second = rt.generate(prefix + "B", max_new_tokens=2)
+        assert second["meta_info"]["cached_tokens"] >= first["meta_info"]["prompt_tokens"] - 2
+    with pytest.raises(ServerStartError, match="--kv-scale per-token does not support --kv-cache-dtype auto"):
+        EmbeddedRuntime(extra_args=["--kv-scale", "per-token"]).start()
