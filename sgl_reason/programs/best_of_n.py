@@ -32,9 +32,9 @@ from sgl_reason.programs.common import (
     ProgramResult, Sample, open_prompt, resolve_backend, resolve_profile, sampling_kwargs,
     timed_cost,
 )
-from sgl_reason.programs.self_consistency import fork_shared
+from sgl_reason.programs.self_consistency import collect_direct, fork_shared
 from sgl_reason.programs.think_then_answer import ThinkPlan, think_into
-from sgl_reason.vote import extract_answer, normalize_answer
+from sgl_reason.vote import normalize_answer
 
 Verifier = SglFunction | Callable[[str, str], float]
 
@@ -55,10 +55,7 @@ def _candidate(branch, plan, max_tokens, sampling) -> Sample:
         sample = think_into(branch, plan)
     else:
         branch += sgl.gen("completion", max_tokens=max_tokens, **sampling)
-        text, meta = branch["completion"], branch.get_meta_info("completion")
-        sample = Sample(text=text, answer_text=text, answer=extract_answer(text),
-                        answer_tokens=meta["completion_tokens"],
-                        finish_reason=meta["finish_reason"]["type"])
+        sample = collect_direct(branch)
     branch += sgl.assistant_end()
     return sample
 

@@ -36,7 +36,8 @@ def fork_shared(s, n: int):
     return s.fork(n)
 
 
-def _collect(branch) -> Sample:
+def collect_direct(branch) -> Sample:
+    """The sample of a branch whose ``completion`` gen has been submitted (waits for it)."""
     text, meta = branch["completion"], branch.get_meta_info("completion")
     return Sample(text=text, answer_text=text, answer=extract_answer(text),
                   answer_tokens=meta["completion_tokens"],
@@ -69,7 +70,7 @@ def self_consistency_program(s, question, num_samples, max_tokens, sampling, pro
     elif plan is None:
         for branch in branches:  # gen is asynchronous: all n requests are in flight at once
             branch += sgl.gen("completion", max_tokens=max_tokens, **sampling)
-        s["samples"] = [_collect(b) for b in branches]
+        s["samples"] = [collect_direct(b) for b in branches]
     else:  # think-then-answer in every branch; branches wait on their own replies in parallel
         with ThreadPoolExecutor(max_workers=num_samples) as pool:
             s["samples"] = list(pool.map(lambda b: think_into(b, plan), branches))
