@@ -66,8 +66,8 @@ def calibrate(model_path: Path, text: str) -> dict:
     with torch.no_grad():
         cache = lm(ids, use_cache=True).past_key_values
     layers = getattr(cache, "layers", None)
-    ks = [l.keys for l in layers] if layers is not None else [c[0] for c in cache]
-    vs = [l.values for l in layers] if layers is not None else [c[1] for c in cache]
+    ks = [layer.keys for layer in layers] if layers is not None else [c[0] for c in cache]
+    vs = [layer.values for layer in layers] if layers is not None else [c[1] for c in cache]
     return {"k": [float(k.abs().amax()) / fp8_kv.FP8_MAX for k in ks],
             "v": [float(v.abs().amax()) / fp8_kv.FP8_MAX for v in vs]}
 
@@ -80,7 +80,7 @@ def bytes_per_token(info: dict, fp8: bool) -> int:
 
 
 def top_logprobs(rt: EmbeddedRuntime, text: str) -> list[dict[int, float]]:
-    out = rt.generate(text, max_new_tokens=1, temperature=0)  # warm, and the shape check
+    """Top-k logprobs of every next-token distribution along ``text`` (teacher forcing)."""
     import requests
 
     r = requests.post(rt.url + "/generate", json={
@@ -88,7 +88,6 @@ def top_logprobs(rt: EmbeddedRuntime, text: str) -> list[dict[int, float]]:
         "return_logprob": True, "logprob_start_len": 0, "top_logprobs_num": TOP}, timeout=600)
     r.raise_for_status()
     rows = r.json()["meta_info"]["input_top_logprobs"]
-    del out
     return [{int(x[1]): float(x[0]) for x in row} for row in rows if row]
 
 
