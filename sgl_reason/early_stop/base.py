@@ -99,8 +99,10 @@ class Signal(ABC):
     @abstractmethod
     def observe(self, chunk: Chunk) -> StopDecision | None: ...
 
-    def record(self, chunk: Chunk) -> None:
-        """The trace's last chunk (it ended by itself): update statistics, decide nothing."""
+    def record(self, chunk: Chunk) -> StopDecision | None:
+        """The trace's last chunk (it ended by itself): update statistics. Only a ``drop``
+        decision makes sense here (a finished trace cannot be closed early)."""
+        return None
 
     def weight(self) -> float:
         """Vote weight of the finished trace (1 unless the signal measures confidence)."""

@@ -2,8 +2,9 @@
 
 Token confidence = minus the mean of the top-k logprobs at that position (high when the
 distribution is peaked). Group confidence = mean token confidence over a sliding ``window``.
-A trace whose group confidence falls under ``threshold`` is stopped and dropped; a finished
-trace votes with the weight of its lowest group confidence.
+A trace whose group confidence falls under ``threshold`` is stopped and dropped (a trace that
+ended by itself is dropped by the same rule; one shorter than a window is judged on its mean);
+a kept trace votes with the weight of its lowest group confidence.
 """
 
 from __future__ import annotations
@@ -20,7 +21,10 @@ class ConfidenceSignal(Signal):
         self.tokens: list[float] = []
         self.lowest: float | None = None
 
-    def record(self, chunk: Chunk) -> None:
+    def record(self, chunk: Chunk) -> StopDecision | None:
+        return self.observe(chunk)  # a finished trace below the threshold is dropped too
+
+    def _update(self, chunk: Chunk) -> None:
         before = len(self.tokens)
         self.tokens.extend(-sum(lps) / len(lps) for lps in chunk.top_logprobs if lps)
         w = self.config.window
@@ -32,8 +36,11 @@ class ConfidenceSignal(Signal):
             self.lowest = group if self.lowest is None else min(self.lowest, group)
 
     def observe(self, chunk: Chunk) -> StopDecision | None:
-        self.record(chunk)
-        if len(self.tokens) >= self.config.window and (self.lowest is not None and self.lowest < self.config.effective_threshold
+        self._update(chunk)
+        return self._judge(chunk)
+
+    def _judge(self, chunk: Chunk) -> StopDecision | None:
+        if (self.lowest is not None and self.lowest < self.config.effective_threshold
                 and chunk.tokens_so_far >= self.config.min_tokens):
             return StopDecision("confidence", chunk.tokens_so_far,
                                 f"group confidence {self.lowest:.3f} < "

@@ -41,8 +41,7 @@ def generate_chunked(s, name: str, max_tokens: int, stops: list[str] | None, sam
             probe=(lambda: probe(s)) if probe is not None and signal.needs_probe else None,
         )
         if meta["finish_reason"]["type"] == "stop":  # the trace ended by itself
-            signal.record(chunk)
-            return "".join(parts), used, True, None
+            return "".join(parts), used, True, signal.record(chunk)
         decision = signal.observe(chunk)
         if decision is not None:
             return "".join(parts), used, False, decision

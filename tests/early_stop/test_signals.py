@@ -68,7 +68,8 @@ def test_confidence_drops_low_confidence_traces(runtime):
     result = self_consistency(QUESTION, n=3, max_tokens=32, backend=runtime.endpoint,
                               early_stop=strict)
     for sample in result.samples:
-        assert sample.stopped["drop"] and sample.answer is None and sample.answer_tokens == 8
+        # dropped at its first chunk, or, if it ended by itself inside it, dropped all the same
+        assert sample.stopped["drop"] and sample.answer is None and sample.answer_tokens <= 8
     assert result.answer is None  # nothing left to vote for
     lenient = EarlyStop(signal="confidence", chunk_tokens=8, window=8, threshold=1e-6)
     result = self_consistency(QUESTION, n=3, max_tokens=16, backend=runtime.endpoint,
