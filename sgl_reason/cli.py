@@ -172,6 +172,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return module.main(args)
 
 
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sgl-reason", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -250,6 +254,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.command != "serve" and rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    if args.command != "serve":  # serve installs its own handler
+        # SIGTERM unwinds like Ctrl-C, so an embedded server started here is stopped on exit
+        signal.signal(signal.SIGTERM, _raise_interrupt)
     from sgl_reason.model import ModelPrepareError
     from sgl_reason.runtime.server import ServerStartError
 

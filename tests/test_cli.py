@@ -89,3 +89,32 @@ def test_bad_early_stop_names_the_choices(tmp_path, capsys):
     assert main(["eval", "--program", "best_of_n", "--data", str(data), "--early-stop",
                  "entropy", "--url", "http://127.0.0.1:9"]) == 2
     assert "not best_of_n" in capsys.readouterr().err
+
+
+@pytest.mark.server
+def test_sigterm_stops_the_embedded_server_of_a_command(tmp_path):
+    """A killed `sgl-reason eval` must not leave its embedded server running."""
+    import os
+    import signal
+
+    import psutil
+
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"question": "1+1?", "answer": "2"}\n' * 50)
+    proc = subprocess.Popen([sys.executable, "-m", "sgl_reason", "eval", "--program",
+                             "self_consistency", "--data", str(data), "--out",
+                             str(tmp_path / "o.jsonl")], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and not (tmp_path / "o.jsonl").exists():
+            time.sleep(1)  # the file appears once the server is up and the run started
+        children = psutil.Process(proc.pid).children(recursive=True)
+        assert children, "eval started no server"
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=90)
+        _, alive = psutil.wait_procs(children, timeout=60)
+        assert alive == []
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
