@@ -6,7 +6,7 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -35,8 +35,7 @@ class EarlyStop(BaseModel):
     @field_validator("signal")
     @classmethod
     def _known(cls, name: str) -> str:
-        if name not in SIGNALS:
-            raise ValueError(f"Unknown early-stop signal {name!r}. Supported signals: {sorted(SIGNALS)}")
+        get_signal(name)  # raises, listing the registered signals
         return name
 
     @model_validator(mode="after")
@@ -107,9 +106,6 @@ class Signal(ABC):
     def weight(self) -> float:
         """Vote weight of the finished trace (1 unless the signal measures confidence)."""
         return 1.0
-
-    def info(self) -> dict[str, Any]:
-        return {}
 
 
 def register(name: str):

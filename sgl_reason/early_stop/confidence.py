@@ -49,6 +49,3 @@ class ConfidenceSignal(Signal):
 
     def weight(self) -> float:
         return self.lowest if self.lowest is not None else 1.0
-
-    def info(self):
-        return {"lowest_group_confidence": self.lowest}

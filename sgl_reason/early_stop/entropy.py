@@ -28,6 +28,3 @@ class EntropySignal(Signal):
                                 f"mean entropy {mean:.3f} < {self.config.effective_threshold} "
                                 f"over the last {len(window)} tokens")
         return None
-
-    def info(self):
-        return {"last_entropy": sum(self.history[-self.config.window:]) / max(1, len(self.history[-self.config.window:]))}

@@ -28,6 +28,3 @@ class ProbeSignal(Signal):
             return StopDecision("probe", chunk.tokens_so_far,
                                 f"{len(last)} consecutive probes answered {last[0]!r}")
         return None
-
-    def info(self):
-        return {"probe_answers": self.answers}
