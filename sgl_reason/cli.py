@@ -237,6 +237,11 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--chunk", type=int, default=16, help="tokens per checked chunk")
     b = benches.add_parser("fp8-kv", help="16-bit vs per-tensor vs per-token FP8 KV")
     b.add_argument("--tokens", type=int, default=1000, help="teacher-forced sequence length (about)")
+    b = benches.add_parser("thinking-kv", help="stock vs each thinking-KV policy at a fixed pool")
+    b.add_argument("--requests", type=int, default=16, help="requests sent at once per row")
+    b.add_argument("--max-total-tokens", type=int, default=2048, help="the KV pool, in tokens")
+    b.add_argument("--shape", default="32,256,256",
+                   help="prompt,thinking,answer tokens (the default also runs 32,400,100)")
     for b in benches.choices.values():
         b.add_argument("--json", default=None, help="write the report here")
         b.add_argument("--url", default=None, help="a running server (default: start one)")

@@ -9,10 +9,11 @@ request's own ``custom_params`` dict, which lives as long as the request:
 |-----------|-----------------------------------|-------------------------------------------------|
 | thinking  | ``t < budget``, no marker yet     | masks EOS (thinking ends only by the marker)    |
 | forcing   | ``budget <= t < budget + len(end)``| forces ``end_ids[t - budget]``: the marker      |
-| answering | marker seen (own or forced)       | free; its ``max_answer``-th token is forced EOS |
+| answering | marker seen (own or forced)       | EOS masked before the optional ``min_answer``-th token; the ``max_answer``-th is forced EOS |
 
-``t`` is counted by the processor's own calls (one per sampled token), not from
-``req.output_ids``, which lags by a step under SGLang's overlap scheduler. The model's own marker
+``t`` is the request's committed KV length less its prompt (:func:`_tokens_before`), not
+``len(req.output_ids)``, which lags by a step under SGLang's overlap scheduler, nor a count of
+calls, which a retraction would put one ahead. The model's own marker
 is detected in ``output_ids`` (possibly one step late, which only shifts the answer limit).
 Hard bound: at most ``budget`` tokens precede the first marker.
 """
@@ -46,7 +47,7 @@ class ThinkingBudget(BaseModel):
         return TIERS[value] if isinstance(value, str) else value
 
     @model_validator(mode="after")
-    def _check(self) -> "ThinkingBudget":
+    def _check(self) -> ThinkingBudget:
         if self.thinking_tokens < 1:
             raise ValueError(
                 f"max_thinking_tokens must be >= 1 or one of {sorted(TIERS)}, "
@@ -80,8 +81,23 @@ def _stop_ids(req) -> set[int]:
     return ids
 
 
+def _tokens_before(req, counted: int) -> int:
+    """Output tokens before the one being sampled now.
+
+    The request's committed KV length is its prompt plus exactly those tokens, both after a
+    decode step's slot allocation and after a prefill, a retracted request's re-prefill
+    included; the processor's own call count runs one ahead for every token a retraction
+    discarded. The count is the fallback where no request is attached."""
+    kv = getattr(req, "kv", None)
+    if kv is None or not getattr(kv, "kv_committed_len", 0):
+        return counted
+    return kv.kv_committed_len - len(req.origin_input_ids)
+
+
 class BudgetForcingProcessor(_base()):
-    """Custom params per request: ``budget``, ``end_ids``, ``max_answer``, optional ``eos_ids``."""
+    """Custom params per request: ``budget``, ``end_ids``, ``max_answer``, optional ``eos_ids``
+    and ``min_answer`` (with ``min_answer == max_answer`` the answer has exactly that many
+    tokens, its EOS included: fixed-shape benchmarks)."""
 
     def __call__(self, logits, custom_param_list: list[dict[str, Any]] | None = None):
         for row, params in enumerate(custom_param_list or []):
@@ -95,10 +111,10 @@ class BudgetForcingProcessor(_base()):
         logits[row, token_id] = 0.0
 
     def _step(self, logits, row: int, p: dict[str, Any]) -> None:
-        t = p.get("_t", 0)  # tokens generated before this one
+        req = p.get("__req__")
+        t = _tokens_before(req, p.get("_t", 0))
         p["_t"] = t + 1
         end: list[int] = p["end_ids"]
-        req = p.get("__req__")
         if "_eos" not in p:
             p["_eos"] = sorted(set(p.get("eos_ids") or ()) | _stop_ids(req))
         eos = p["_eos"]
@@ -117,3 +133,5 @@ class BudgetForcingProcessor(_base()):
                 logits[row, eos] = -float("inf")
         elif t - closed_at >= p["max_answer"] - 1 and eos:
             self._force(logits, row, eos[0])  # the EOS is the last of max_answer tokens
+        elif t - closed_at < p.get("min_answer", 0) - 1 and eos:
+            logits[row, eos] = -float("inf")

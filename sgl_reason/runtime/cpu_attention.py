@@ -85,6 +85,23 @@ def plan_decode(rows: torch.Tensor, seq_lens: list[int]) -> DecodePlan:
     return DecodePlan(groups, slots, mask)
 
 
+def close_holes(rows: torch.Tensor, seq_lens: list[int],
+                holes: list[tuple[int, int] | None]) -> tuple[torch.Tensor, list[int]]:
+    """Rows without their released columns ``[lo, hi)`` (thinking-KV release), shifted left.
+
+    Attention is a sum over keys whose positions RoPE fixed when they were written, so reading
+    a row without its hole is exact; the query keeps its logical position."""
+    rows, seq_lens = rows.clone(), list(seq_lens)
+    for i, hole in enumerate(holes):
+        if hole is None:
+            continue
+        lo, hi = hole
+        n = seq_lens[i]
+        rows[i, lo:n - (hi - lo)] = rows[i, hi:n].clone()
+        seq_lens[i] = n - (hi - lo)
+    return rows, seq_lens
+
+
 def _partial(q, k, v, scale, mask=None):
     """Unnormalized attention of q [B, Hkv, R, D] over k, v [B, Hkv, L, D]: (out, max, sum)."""
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale  # [B, Hkv, R, L]
@@ -161,9 +178,13 @@ def extend_attention(query, output, k_cache, v_cache, req_to_token, req_pool_ind
     return output
 
 
+def enabled() -> bool:
+    return os.environ.get(ENV, "1") != "0"
+
+
 def install() -> bool:
     """Patch TorchNativeAttnBackend in this process. Returns whether it did."""
-    if os.environ.get(ENV, "1") == "0":
+    if not enabled():
         return False
     from sglang.srt.layers.attention import torch_native_backend as tnb
 
@@ -189,15 +210,27 @@ def install() -> bool:
 
     def init_forward_metadata(self, forward_batch):
         stock_init(self, forward_batch)
-        self._sgl_reason_plan = None
+        self._sgl_reason_plan, self._sgl_reason_holes = None, False
+        holes = getattr(forward_batch, "sgl_reason_holes", None)
         if forward_batch.forward_mode.is_decode() and forward_batch.encoder_lens is None:
             rows = self.req_to_token_pool.req_to_token[forward_batch.req_pool_indices]
-            self._sgl_reason_plan = plan_decode(rows, forward_batch.seq_lens.tolist())
+            seq_lens = forward_batch.seq_lens.tolist()
+            if holes:
+                rows, seq_lens = close_holes(rows, seq_lens, holes)
+            self._sgl_reason_plan = plan_decode(rows, seq_lens)
+            self._sgl_reason_holes = bool(holes)
+        elif holes:
+            raise RuntimeError("sgl-reason: a request with released thinking KV reached a "
+                               f"{forward_batch.forward_mode} forward, which cannot skip it")
 
     def run_decode(self, query, output, k_cache, v_cache, req_to_token, req_pool_indices,
                    seq_lens, encoder_lens=None, scaling=None, enable_gqa=False, causal=False,
                    is_cross_attn=False, sliding_window_size=None):
         plan = getattr(self, "_sgl_reason_plan", None)
+        if plan is not None and plan.suffix_slots.shape[0] != query.shape[0]:
+            plan = None
+        if plan is None and getattr(self, "_sgl_reason_holes", None):
+            raise RuntimeError("sgl-reason: released thinking KV reached stock decode attention")
         if (plan is None or encoder_lens is not None or is_cross_attn
                 or (sliding_window_size is not None and sliding_window_size > -1)
                 or plan.suffix_slots.shape[0] != query.shape[0]):

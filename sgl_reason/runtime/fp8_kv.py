@@ -27,6 +27,8 @@ import os
 
 import torch
 
+from sgl_reason.runtime.flags import export_to, has_flag, wrap_server_args
+
 logger = logging.getLogger(__name__)
 
 ENV = "SGL_REASON_KV_SCALE"
@@ -171,19 +173,11 @@ def pool_class():
 
 # -- wiring into SGLang (plugin) --------------------------------------------------------------
 
-class _ExportKvScale(argparse.Action):
-    """Stores the flag and exports it, so the scheduler process (spawned later) sees it."""
-
-    def __call__(self, parser, namespace, value, option_string=None):
-        setattr(namespace, self.dest, value)
-        os.environ[ENV] = value
-
-
 def add_cli_flag(parser: argparse.ArgumentParser) -> None:
-    if any("--kv-scale" in a.option_strings for a in parser._actions):
+    if has_flag(parser, "--kv-scale"):
         return
     parser.add_argument(
-        "--kv-scale", choices=MODES, default=None, action=_ExportKvScale,
+        "--kv-scale", choices=MODES, default=None, action=export_to(ENV),
         help="(sgl-reason) FP8 KV scale granularity with --kv-cache-dtype fp8_e4m3: per-tensor "
              "(stock SGLang) or per-token (one scale per token and head)",
     )
@@ -209,24 +203,11 @@ def validate(server_args) -> None:
 
 def install() -> None:
     """Patch ServerArgs (flag, validation), the pool class and the pool's cell size."""
-    from sglang.srt import server_args as sa
+    from sglang.srt.server_args import ServerArgs
 
-    cls = sa.ServerArgs
-    if getattr(cls, "_sgl_reason_fp8", False):
+    if getattr(ServerArgs, "_sgl_reason_fp8", False):
         return
-    stock_add, stock_resolve_args = cls.add_cli_args, cls.resolve_once
-
-    def add_cli_args(parser):
-        stock_add(parser)
-        add_cli_flag(parser)
-
-    def resolve_once(self):  # launchers resolve defaults (e.g. the backend) here, then we check
-        stock_resolve_args(self)
-        validate(self)
-
-    cls.add_cli_args = staticmethod(add_cli_args)
-    cls.resolve_once = resolve_once
-    cls._sgl_reason_fp8 = True
+    wrap_server_args("fp8", add_cli_flag, validate)
 
     from sglang.srt.mem_cache import kv_cache_configurator as kc
     from sglang.srt.model_executor import pool_configurator as pc

@@ -1,4 +1,15 @@
-"""SGLang plugin entry point (group ``sglang.srt.plugins``), run in every SGLang process."""
+"""SGLang plugin entry points (group ``sglang.srt.plugins``), run in every SGLang process.
+
+Two plugins, so that either can be left out with SGLang's allow-list (``SGLANG_PLUGINS``):
+
+| entry point      | installs                                                              |
+|------------------|-----------------------------------------------------------------------|
+| ``sgl_reason_cpu`` | CPU attention for torch_native (``cpu_attention``); ``--kv-scale`` and the per-token FP8 KV pool (``fp8_kv``) |
+| ``sgl_reason``     | thinking-aware KV: the ``sgl-reason`` radix cache backend, ``--thinking-kv-*`` and ``--think-end`` (``thinking_kv``) |
+
+``SGLANG_PLUGINS=sgl_reason_cpu`` is stock SGLang's scheduling and caching on this project's CPU
+attention: the baseline the thinking-KV benchmark compares against.
+"""
 
 from __future__ import annotations
 
@@ -7,11 +18,8 @@ import logging
 logger = logging.getLogger(__name__)
 
 
-def register() -> None:
-    """Called by SGLang's ``load_plugins()`` in the launcher, scheduler and detokenizer.
-
-    Installs: CPU attention for torch_native (``cpu_attention``), and the ``--kv-scale`` flag,
-    its validation and the per-token FP8 KV pool (``fp8_kv``).
+def register_cpu() -> None:
+    """CPU attention and the FP8 per-token KV pool.
 
     The CPU compatibility layer must already be active before SGLang imports its modules, which
     happens before plugins load; the ``.pth`` hook does that. This re-arms it for processes where
@@ -20,9 +28,20 @@ def register() -> None:
     from sgl_reason.runtime import cpu_attention, cpu_compat, fp8_kv
 
     cpu_compat.activate()
+    _install(cpu_attention.install, fp8_kv.install)
+
+
+def register() -> None:
+    """Thinking-aware KV release (radix cache backend, flags, scheduler hooks)."""
+    from sgl_reason.runtime import thinking_kv
+
+    _install(thinking_kv.install)
+
+
+def _install(*installers) -> None:
     try:
-        cpu_attention.install()
-        fp8_kv.install()
+        for install in installers:
+            install()
     except Exception:  # SGLang only logs plugin errors; make this one impossible to miss
         logger.exception("sgl-reason: the runtime patches could not be installed")
         raise

@@ -1,0 +1,296 @@
+"""``sgl-reason bench thinking-kv``: how many reasoning requests a fixed KV pool runs at once,
+under stock SGLang and under each thinking-KV policy, and what each policy costs in answers.
+
+Every request of the workload is forced to the same shape, so rows differ only by policy: a
+prompt of about P tokens, exactly T thinking tokens (end of sequence masked, then the profile's
+end-of-thinking marker forced by :class:`BudgetForcingProcessor`), then exactly A answer tokens
+(``ignore_eos``), greedy. All M requests are sent at once to a server whose pool holds only
+part of them; SGLang's scheduler admits what fits.
+
+| row | server |
+|---|---|
+| ``stock`` | ``SGLANG_PLUGINS=sgl_reason_cpu``: SGLang's own radix cache and scheduling, on this project's CPU attention; the thinking-KV plugin is not loaded |
+| ``keep``, ``strip``, ``release-on-answer`` | one server, ``--thinking-kv-policy keep``; the policy is set per request (``custom_params``) |
+| ``demote`` | its own server, ``--thinking-kv-policy demote`` (it needs priority eviction) |
+
+While a row runs, ``/v1/loads`` is sampled every ``POLL_S``: mean running requests is the mean
+of the samples (a time average), peak KV tokens the largest ``num_used_tokens``. Quality against
+``keep``: the final answer (the first number after the marker) and the mean NLL of the answer
+tokens as the model generated them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import statistics
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import requests
+
+from sgl_reason import EmbeddedRuntime
+from sgl_reason.profiles import PROMPTED
+from sgl_reason.programs.budget import BudgetForcingProcessor
+from sgl_reason.runtime.thinking_kv import DEFAULT_SINK, DEFAULT_WINDOW
+
+logger = logging.getLogger(__name__)
+
+POLL_S = 0.25
+DEFAULT_SHAPE = (32, 256, 256)
+SECOND_SHAPE = (32, 400, 100)
+POLICY_ROWS = ("keep", "strip", "release-on-answer")
+STOCK_ENV = {"SGLANG_PLUGINS": "sgl_reason_cpu"}
+QUESTIONS = [f"What is {a} + {b}?" for a, b in
+             [(17, 25), (38, 46), (123, 77), (59, 64), (212, 389), (45, 55), (81, 19), (66, 27),
+              (140, 260), (33, 99), (72, 18), (505, 495), (29, 13), (88, 12), (301, 199),
+              (47, 53), (64, 36), (250, 125), (91, 9), (73, 84), (11, 89), (150, 350), (5, 95),
+              (222, 333)]]
+FILLER = " Show every step."
+
+
+def parse_shape(text: str) -> tuple[int, int, int]:
+    try:
+        p, t, a = (int(x) for x in text.split(","))
+    except ValueError:
+        raise ValueError(f"--shape takes P,T,A (three integers), got {text!r}") from None
+    if p < 1 or t < 1 or a < 1:
+        raise ValueError(f"--shape values must be >= 1, got {text!r}")
+    return p, t, a
+
+
+def ideal_gain(prompt: int, thinking: int, marker: int, answer: int,
+               sink: int = DEFAULT_SINK, window: int = DEFAULT_WINDOW) -> float:
+    """Time-averaged KV of one request under ``keep`` over that under ``release-on-answer``:
+    at every decode step the request holds its prompt and its tokens so far, less the released
+    thinking once the marker is complete."""
+    released = max(0, thinking - sink - window)
+    steps = range(1, thinking + marker + answer + 1)
+    keep = sum(prompt + k for k in steps)
+    release = sum(prompt + k - (released if k >= thinking + marker else 0) for k in steps)
+    return keep / release
+
+
+class Workload:
+    """M forced-shape requests against one server."""
+
+    def __init__(self, url: str, shape: tuple[int, int, int], requests_n: int):
+        self.url, self.shape, self.n = url, shape, requests_n
+        self.end_ids = self._tokenize(PROMPTED.think_end)
+        self.prompts = [self._prompt(QUESTIONS[i % len(QUESTIONS)], shape[0])
+                        for i in range(requests_n)]
+        self.prompt_tokens = statistics.fmean(len(self._tokenize(p)) for p in self.prompts)
+        self.processor = BudgetForcingProcessor().to_str()
+
+    def _tokenize(self, text: str) -> list[int]:
+        r = requests.post(self.url + "/tokenize", json={"prompt": text, "add_special_tokens": False},
+                          timeout=30)
+        r.raise_for_status()
+        return list(r.json()["tokens"])
+
+    def _prompt(self, question: str, target: int) -> str:
+        def text(q):
+            return (f"<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n"
+                    f"{PROMPTED.think_start}")
+        q = question
+        while len(self._tokenize(text(q))) < target:
+            q += FILLER
+        return text(q)
+
+    def body(self, i: int, policy: str | None) -> dict:
+        _, thinking, answer = self.shape
+        params = {"budget": thinking, "end_ids": self.end_ids, "min_answer": answer,
+                  "max_answer": answer}
+        if policy is not None:
+            params["thinking_kv_policy"] = policy
+        return {
+            "text": self.prompts[i],
+            "sampling_params": {"temperature": 0, "custom_params": params,
+                                "max_new_tokens": thinking + len(self.end_ids) + answer},
+            "custom_logit_processor": self.processor,
+            "return_logprob": True,
+        }
+
+    def run(self, policy: str | None) -> dict:
+        """Send all requests at once; sample the server's load until the last one finishes."""
+        requests.post(self.url + "/flush_cache", timeout=30)
+        samples: list[tuple[int, int]] = []
+        done = threading.Event()
+
+        def poll():
+            while not done.is_set():
+                try:
+                    load = requests.get(self.url + "/v1/loads", timeout=10).json()["loads"][0]
+                    samples.append((load["num_running_reqs"], load["num_used_tokens"]))
+                except requests.RequestException:
+                    pass
+                done.wait(POLL_S)
+
+        def send(i):
+            r = requests.post(self.url + "/generate", json=self.body(i, policy), timeout=3600)
+            r.raise_for_status()
+            return r.json()
+
+        sampler = threading.Thread(target=poll, daemon=True)
+        start = time.perf_counter()
+        sampler.start()
+        with ThreadPoolExecutor(max_workers=self.n) as pool:
+            outs = list(pool.map(send, range(self.n)))
+        seconds = time.perf_counter() - start
+        done.set()
+        sampler.join()
+        running = [r for r, _ in samples]
+        return {
+            "seconds": round(seconds, 2),
+            "throughput_rpm": round(self.n / seconds * 60, 3),
+            "mean_running": round(statistics.fmean(running), 3) if running else 0.0,
+            "peak_kv_tokens": max((u for _, u in samples), default=0),
+            "samples": len(samples),
+            "completion_tokens": [o["meta_info"]["completion_tokens"] for o in outs],
+            "answers": [self.answer_of(o) for o in outs],
+        }
+
+    def answer_of(self, out: dict) -> dict:
+        """The answer part of one output: its token ids, final answer and mean NLL."""
+        logprobs = out["meta_info"]["output_token_logprobs"]
+        ids = [t[1] for t in logprobs]
+        n = len(self.end_ids)
+        at = next((i for i in range(len(ids) - n + 1) if ids[i:i + n] == self.end_ids), None)
+        answer = logprobs[at + n:-1] if at is not None else []  # the last is the forced EOS
+        text = out["text"].split(PROMPTED.think_end.strip(), 1)[-1]
+        return {
+            "ids": [t[1] for t in answer],
+            "final": _first_number(text),
+            "nll": statistics.fmean(-t[0] for t in answer) if answer else None,
+        }
+
+
+def _first_number(text: str) -> str | None:
+    import re
+
+    match = re.search(r"-?\d+(?:\.\d+)?", text)
+    return match.group(0) if match else None
+
+
+def quality(row: dict, keep: dict) -> dict:
+    """Answer agreement with ``keep`` (final answers; answer tokens position by position)."""
+    pairs = list(zip(row["answers"], keep["answers"]))
+    finals = [a["final"] == b["final"] for a, b in pairs]
+    tokens = [sum(x == y for x, y in zip(a["ids"], b["ids"])) / max(1, len(b["ids"]))
+              for a, b in pairs]
+    nll = [a["nll"] for a, _ in pairs if a["nll"] is not None]
+    return {
+        "answer_agreement": round(statistics.fmean(finals), 3),
+        "answer_token_agreement": round(statistics.fmean(tokens), 3),
+        "answer_nll": round(statistics.fmean(nll), 4) if nll else None,
+    }
+
+
+def _server(flags: list[str], env: dict | None, pool: int, extra: list[str]) -> EmbeddedRuntime:
+    return EmbeddedRuntime(extra_args=["--max-total-tokens", str(pool), *flags, *extra], env=env)
+
+
+def _strip_private(row: dict) -> dict:
+    return {k: v for k, v in row.items() if k not in ("answers", "completion_tokens")}
+
+
+def run(requests_n: int = 16, pool: int = 2048, shape=DEFAULT_SHAPE,
+        second_shape=SECOND_SHAPE, extra: list[str] = ()) -> dict:
+    rows: dict[str, dict] = {}
+    with _server([], STOCK_ENV, pool, extra) as rt:
+        work = Workload(rt.url, shape, requests_n)
+        work.run(None)  # warm-up pass, not measured: first-use compilation and caches
+        rows["stock"] = work.run(None)
+    with _server(["--thinking-kv-policy", "keep", "--enable-metrics"], None, pool, extra) as rt:
+        work = Workload(rt.url, shape, requests_n)
+        work.run("keep")
+        for policy in POLICY_ROWS:
+            rows[policy] = work.run(policy)
+        second = {}
+        if second_shape:
+            work2 = Workload(rt.url, second_shape, requests_n)
+            for policy in ("keep", "release-on-answer"):
+                second[policy] = work2.run(policy)
+    with _server(["--thinking-kv-policy", "demote"], None, pool, extra) as rt:
+        work = Workload(rt.url, shape, requests_n)
+        work.run(None)
+        rows["demote"] = work.run(None)
+
+    marker = len(work.end_ids)
+    for name, row in rows.items():
+        row.update(quality(row, rows["keep"]))
+        expected = shape[1] + marker + shape[2]
+        if any(c != expected for c in row["completion_tokens"]):
+            raise RuntimeError(f"row {name}: lengths {row['completion_tokens']} are not the "
+                               f"forced {expected}; rows would not be comparable")
+    report = {
+        "requests": requests_n,
+        "max_total_tokens": pool,
+        "shape": {"prompt": round(work.prompt_tokens, 1), "thinking": shape[1], "marker": marker,
+                  "answer": shape[2], "sink": DEFAULT_SINK, "window": DEFAULT_WINDOW},
+        "policies": {name: _strip_private(row) for name, row in rows.items()},
+        "ideal_gain": round(ideal_gain(shape[0], shape[1], marker, shape[2]), 3),
+        "concurrency_gain_release_vs_keep": round(
+            rows["release-on-answer"]["mean_running"] / rows["keep"]["mean_running"], 3),
+        "throughput_keep_vs_stock": round(
+            rows["keep"]["throughput_rpm"] / rows["stock"]["throughput_rpm"], 3),
+        "throughput_release_vs_keep": round(
+            rows["release-on-answer"]["throughput_rpm"] / rows["keep"]["throughput_rpm"], 3),
+    }
+    if second:
+        for row in second.values():
+            row.update(quality(row, second["keep"]))
+        report["second_shape"] = {
+            "shape": {"prompt": second_shape[0], "thinking": second_shape[1], "marker": marker,
+                      "answer": second_shape[2]},
+            "policies": {name: _strip_private(row) for name, row in second.items()},
+            "ideal_gain": round(ideal_gain(second_shape[0], second_shape[1], marker,
+                                           second_shape[2]), 3),
+            "concurrency_gain_release_vs_keep": round(
+                second["release-on-answer"]["mean_running"] / second["keep"]["mean_running"], 3),
+        }
+    return report
+
+
+def table(report: dict) -> str:
+    header = ("| shape | row | peak KV tokens | mean running | requests/min | answer agreement "
+              "| answer-token agreement | answer NLL |")
+    lines = [header, "|---|---|---|---|---|---|---|---|"]
+
+    def add(shape, rows):
+        s = f"{shape['prompt']},{shape['thinking']},{shape['answer']}"
+        for name, r in rows.items():
+            lines.append(f"| {s} | {name} | {r['peak_kv_tokens']} | {r['mean_running']} | "
+                         f"{r['throughput_rpm']} | {r['answer_agreement']} | "
+                         f"{r['answer_token_agreement']} | {r['answer_nll']} |")
+
+    add(report["shape"], report["policies"])
+    if "second_shape" in report:
+        add(report["second_shape"]["shape"], report["second_shape"]["policies"])
+    lines.append("")
+    lines.append(f"release-on-answer vs keep, mean running: "
+                 f"{report['concurrency_gain_release_vs_keep']} (ideal {report['ideal_gain']})")
+    if "second_shape" in report:
+        s = report["second_shape"]
+        lines.append(f"second shape: {s['concurrency_gain_release_vs_keep']} "
+                     f"(ideal {s['ideal_gain']})")
+    lines.append(f"keep vs stock, throughput: {report['throughput_keep_vs_stock']}")
+    return "\n".join(lines)
+
+
+def main(args) -> int:
+    if args.url:
+        raise SystemExit("sgl-reason bench thinking-kv starts its own servers (a stock one and "
+                         "policy ones at the same pool); drop --url.")
+    shape = parse_shape(args.shape)
+    report = run(requests_n=args.requests, pool=args.max_total_tokens, shape=shape,
+                 extra=args.server_arg,
+                 second_shape=SECOND_SHAPE if args.shape == ",".join(map(str, DEFAULT_SHAPE))
+                 else None)
+    print(table(report))
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2))
+        print(f"wrote {args.json}")
+    return 0
