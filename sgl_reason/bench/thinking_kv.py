@@ -189,7 +189,10 @@ def quality(row: dict, keep: dict) -> dict:
 
 
 def _server(flags: list[str], env: dict | None, pool: int, extra: list[str]) -> EmbeddedRuntime:
-    return EmbeddedRuntime(extra_args=["--max-total-tokens", str(pool), *flags, *extra], env=env)
+    # /v1/loads is a snapshot SGLang refreshes every N decode steps; every step here
+    fresh = ["--load-snapshot-publish-interval", "1"]
+    return EmbeddedRuntime(extra_args=["--max-total-tokens", str(pool), *fresh, *flags, *extra],
+                           env=env)
 
 
 def _strip_private(row: dict) -> dict:

@@ -64,3 +64,33 @@ def test_short_common_prefix_is_not_split():
     plan = cpu_attention.plan_decode(rows, [6, 6])
     assert [g.prefix_slots.numel() for g in plan.groups] == [0]
     assert plan.suffix_mask.sum().item() == 12
+
+
+def test_decode_skips_released_holes_exactly():
+    """A row with released columns [lo, hi) attends exactly as a row that never had them."""
+    k, v, g = _cache(2)
+    prefix = torch.randperm(N, generator=g)[:600]
+    rows = torch.zeros(4, 2048, dtype=torch.int32)
+    seq, holes = [], []
+    for i in range(4):
+        r = torch.cat([prefix, torch.randint(0, N, (400 + 10 * i,), generator=g)])
+        rows[i, :len(r)] = r.int()
+        seq.append(len(r))
+        holes.append((604, 604 + 300) if i % 2 == 0 else None)  # two forks released thinking
+    q = torch.randn(4, HQ, D, generator=g).bfloat16()
+    before = rows.clone()
+    closed, closed_seq = cpu_attention.close_holes(rows, seq, holes)
+    assert torch.equal(rows, before)  # the pool's own rows are left as they are
+    assert closed_seq == [s - (300 if h else 0) for s, h in zip(seq, holes)]
+    plan = cpu_attention.plan_decode(closed, closed_seq)
+    assert [grp.prefix_slots.numel() for grp in plan.groups] == [600]  # sharing survives holes
+    out = cpu_attention.shared_prefix_decode(q, k, v, plan, SCALE)
+    kept = torch.zeros_like(rows)
+    for i, h in enumerate(holes):  # the reference: rows built without the released slots
+        r = rows[i, :seq[i]]
+        r = torch.cat([r[:h[0]], r[h[1]:]]) if h else r
+        kept[i, :len(r)] = r
+    ref = TorchNativeAttnBackend._run_sdpa_forward_decode(
+        None, q.clone(), torch.empty_like(q), k, v, kept, torch.arange(4),
+        torch.tensor(closed_seq), scaling=SCALE, enable_gqa=True)
+    torch.testing.assert_close(out, ref.float(), atol=2e-2, rtol=0)

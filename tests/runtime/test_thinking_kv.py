@@ -1,0 +1,272 @@
+"""Thinking-aware KV release, against real SGLang servers (and its arithmetic without one).
+
+Requests are forced to a fixed shape (prompt, exactly T thinking tokens, the marker, exactly A
+answer tokens, greedy) by the bench's :class:`Workload`, so token counts can be asserted.
+Servers run with SGLang's strict memory checks, which abort the scheduler on any leak.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import threading
+
+import pytest
+import requests
+
+from sgl_reason import EmbeddedRuntime, ServerStartError
+from sgl_reason.bench.thinking_kv import STOCK_ENV, Workload, ideal_gain
+from sgl_reason.runtime.thinking_kv import Policy, release_span
+
+STRICT = {"SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY": "1",
+          "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1"}
+T, A = 96, 32  # forced thinking and answer tokens
+SINK, WINDOW = 4, 16
+RELEASED = T - SINK - WINDOW
+FRESH_LOADS = ["--load-snapshot-publish-interval", "1"]  # /v1/loads after every step
+
+
+# -- no server ----------------------------------------------------------------------------------
+
+def test_release_span_follows_the_range_table():
+    policy = Policy("release-on-answer", window=16, sink=4)
+    assert release_span(30, 30, 100, policy) == (34, 114)  # [P+S, P+m-W)
+    assert release_span(30, 40, 100, policy) == (40, 114)  # never below the tree-owned prefix
+    lo, hi = release_span(30, 30, 18, policy)  # thinking shorter than sink + window
+    assert hi <= lo
+
+
+def test_policy_checks_and_request_override():
+    with pytest.raises(ValueError, match="Supported: keep, strip, demote, release-on-answer"):
+        Policy("drop")
+    with pytest.raises(ValueError, match="window must be an integer >= 0"):
+        Policy("keep", window=-1)
+    base = Policy("keep")
+    assert base.override(None) is base and base.override({"budget": 3}) is base
+    assert base.override({"thinking_kv_policy": "strip", "thinking_kv_sink": 0}) == Policy(
+        "strip", window=base.window, sink=0)
+
+
+def test_ideal_gain_of_the_default_shape():
+    # 256 thinking + 256 answer tokens after a 32-token prompt: about 1.7x (the issue's figure)
+    assert 1.6 < ideal_gain(32, 256, 9, 256) < 1.75
+    assert ideal_gain(32, 20, 9, 100) == 1.0  # nothing beyond sink + window: nothing released
+
+
+# -- one server for most tests ------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def server():
+    with EmbeddedRuntime(extra_args=["--thinking-kv-policy", "keep", "--enable-metrics",
+                                     "--max-total-tokens", "1536", *FRESH_LOADS],
+                         env=STRICT) as rt:
+        yield rt
+    assert rt.server.group_pids() == []
+
+
+@pytest.fixture
+def work(server):
+    requests.post(server.url + "/flush_cache", timeout=30).raise_for_status()
+    return Workload(server.url, (32, T, A), 4)
+
+
+def _ids(work: Workload, i: int) -> list[int]:
+    return work._tokenize(work.prompts[i])
+
+
+def _generate(url: str, body: dict) -> dict:
+    r = requests.post(url + "/generate", json=body, timeout=600)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def _output_ids(out: dict) -> list[int]:
+    return [t[1] for t in out["meta_info"]["output_token_logprobs"]]
+
+
+def _metric(url: str, name: str) -> float:
+    text = requests.get(url + "/metrics", timeout=10).text
+    match = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
+    assert match, f"{name} not on /metrics"
+    return float(match.group(1))
+
+
+def _used(url: str) -> int:
+    return requests.get(url + "/v1/loads", timeout=10).json()["loads"][0]["num_used_tokens"]
+
+
+def _cached_after(url: str, ids: list[int]) -> int:
+    """How many of ``ids`` the tree still holds (a 1-token request on exactly those ids)."""
+    out = _generate(url, {"input_ids": ids, "sampling_params": {"max_new_tokens": 1}})
+    return out["meta_info"]["cached_tokens"]
+
+
+def test_keep_is_token_identical_to_stock(server, work):
+    plain = "<|im_start|>user\nName three colors.<|im_end|>\n<|im_start|>assistant\n"
+
+    def run(url):
+        requests.post(url + "/flush_cache", timeout=30).raise_for_status()
+        w = Workload(url, (32, T, A), 2)
+        outs = [_generate(url, w.body(i, None)) for i in range(2)]
+        outs.append(_generate(url, {"text": plain, "return_logprob": True,
+                                    "sampling_params": {"temperature": 0, "max_new_tokens": 40}}))
+        ids = [_output_ids(o) for o in outs]
+        cached = [_cached_after(url, w._tokenize(w.prompts[i]) + ids[i]) for i in range(2)]
+        return ids, cached
+
+    ours = run(server.url)
+    with EmbeddedRuntime(extra_args=["--max-total-tokens", "1536"], env=STOCK_ENV) as stock:
+        info = requests.get(stock.url + "/get_server_info", timeout=10).json()
+        assert info.get("radix_cache_backend") in (None, ""), "the stock server is not stock"
+        theirs = run(stock.url)
+    assert ours[0] == theirs[0]  # same tokens
+    assert ours[1] == theirs[1]  # same cache contents: every generated token stays in the tree
+
+
+def test_release_frees_thinking_while_the_answer_decodes(server, work):
+    """The pool's used size drops by the released count while the request is still running."""
+    url, prompt_len = server.url, len(_ids(work, 0))
+    marker = len(work.end_ids)
+    released_before = _metric(url, "sgl_reason:thinking_kv_released_tokens_total")
+    seen = {}
+    body = work.body(0, "release-on-answer") | {"stream": True}
+    with requests.post(url + "/generate", json=body, stream=True, timeout=600) as r:
+        for line in r.iter_lines():
+            if not line.startswith(b"data:") or line == b"data: [DONE]":
+                continue
+            n = json.loads(line[5:])["meta_info"]["completion_tokens"]
+            if "used" not in seen and n >= T + marker + 8:
+                seen.update(n=n, used=_used(url),
+                            thinking=_metric(url, "sgl_reason:thinking_kv_tokens"),
+                            answer=_metric(url, "sgl_reason:answer_kv_tokens"))
+    assert seen, "the stream ended before the answer"
+    # used = prompt (locked in the tree) + generated tokens - released, within a step or two
+    # (the load snapshot is taken before a step's tokens are processed)
+    expected = prompt_len + seen["n"] - RELEASED
+    assert expected - 3 <= seen["used"] <= expected + 1, (seen, expected)
+    assert seen["thinking"] == SINK + WINDOW and seen["answer"] >= marker + 6, seen
+    released = _metric(url, "sgl_reason:thinking_kv_released_tokens_total") - released_before
+    assert released == RELEASED
+    # and with keep, nothing is released: used follows the generated tokens
+    out = _generate(url, work.body(1, "keep"))
+    assert out["meta_info"]["completion_tokens"] == T + marker + A
+    assert _metric(url, "sgl_reason:thinking_kv_released_tokens_total") - released_before == RELEASED
+
+
+@pytest.mark.parametrize("policy,keeps_output", [("keep", True), ("strip", False),
+                                                 ("release-on-answer", False)])
+def test_what_stays_in_the_tree(server, work, policy, keeps_output):
+    out = _generate(server.url, work.body(0, policy))
+    prompt, output = _ids(work, 0), _output_ids(out)
+    assert len(output) == T + len(work.end_ids) + A
+    cached = _cached_after(server.url, prompt + output)
+    if keeps_output:
+        assert cached >= len(prompt) + len(output) - 2
+    else:  # the prompt stays, nothing of the thinking or the answer
+        assert len(prompt) - 2 <= cached <= len(prompt)
+
+
+def test_mixed_load_of_releases_forks_and_aborts_leaks_nothing(server, work):
+    url = server.url
+    marker = len(work.end_ids)
+    shared = work.prompts[0]
+    _generate(url, {"text": shared, "sampling_params": {"max_new_tokens": 0}})  # fork's commit
+    results, errors = {}, []
+
+    def run(name, body):
+        try:
+            results[name] = _generate(url, body)
+        except AssertionError as error:
+            errors.append(error)
+
+    def run_and_abort(name, body):
+        body = body | {"stream": True, "rid": name}
+        with requests.post(url + "/generate", json=body, stream=True, timeout=600) as r:
+            for line in r.iter_lines():
+                if line.startswith(b"data:") and line != b"data: [DONE]":
+                    n = json.loads(line[5:])["meta_info"]["completion_tokens"]
+                    if n >= T + marker + 4:  # released, answering
+                        requests.post(url + "/abort_request", json={"rid": name}, timeout=30)
+                        break
+        results[name] = "aborted"
+
+    jobs = [("fork0", run, work.body(0, "release-on-answer")),
+            ("fork1", run, work.body(0, "release-on-answer")),
+            ("fork2", run, work.body(0, "strip")),
+            ("other", run, work.body(1, "release-on-answer")),
+            ("keep", run, work.body(2, "keep")),
+            ("abort0", run_and_abort, work.body(3, "release-on-answer")),
+            ("abort1", run_and_abort, work.body(1, "release-on-answer"))]
+    threads = [threading.Thread(target=fn, args=(name, body)) for name, fn, body in jobs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(results) == len(jobs)
+    for name in ("fork0", "fork1", "fork2", "other", "keep"):
+        meta = results[name]["meta_info"]
+        assert meta["completion_tokens"] == T + marker + A, name
+    for name in ("fork0", "fork1", "fork2"):  # the branches read the committed prefix
+        assert results[name]["meta_info"]["cached_tokens"] >= len(_ids(work, 0)) - 2
+    # no branch's release touched the shared prompt's KV
+    assert _cached_after(url, _ids(work, 0)) >= len(_ids(work, 0)) - 1
+    requests.post(url + "/flush_cache", timeout=30).raise_for_status()
+    loads = requests.get(url + "/v1/loads", timeout=10).json()["loads"][0]
+    assert loads["num_used_tokens"] == 0 and loads["num_running_reqs"] == 0
+    assert requests.get(url + "/health", timeout=10).status_code == 200  # strict checks passed
+    assert "leak" not in server.server.tail(60).lower()
+
+
+def test_bad_request_override_is_refused_with_the_fix(server):
+    body = {"text": "Hi", "sampling_params": {"max_new_tokens": 2,
+                                              "custom_params": {"thinking_kv_policy": "drop"}}}
+    r = requests.post(server.url + "/generate", json=body, timeout=60)
+    assert r.status_code == 400 and "Supported: keep, strip, demote, release-on-answer" in r.text
+    body["sampling_params"]["custom_params"] = {"thinking_kv_window": -3}
+    r = requests.post(server.url + "/generate", json=body, timeout=60)
+    assert r.status_code == 400 and "window must be an integer >= 0" in r.text
+
+
+# -- demote on its own server (priority eviction) -----------------------------------------------
+
+def test_demote_evicts_the_output_before_older_nodes():
+    with EmbeddedRuntime(extra_args=["--thinking-kv-policy", "demote", "--max-total-tokens",
+                                     "512"], env=STRICT) as rt:
+        w = Workload(rt.url, (32, 80, 20), 3)
+        older = _generate(rt.url, w.body(0, "keep"))  # least recently used, not demoted
+        demoted = _generate(rt.url, w.body(1, None))  # the server's policy: demote
+        # a longer request that does not fit beside both: something must be evicted
+        big = Workload(rt.url, (32, 200, 20), 3)
+        _generate(rt.url, big.body(2, "keep"))
+        older_ids = _ids(w, 0) + _output_ids(older)
+        demoted_ids = _ids(w, 1) + _output_ids(demoted)
+        assert _cached_after(rt.url, older_ids) >= len(older_ids) - 2  # LRU would drop this
+        assert _cached_after(rt.url, demoted_ids) <= len(_ids(w, 1))  # only its prompt is left
+
+
+# -- launch-time errors -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("flags,message", [
+    (["--thinking-kv-policy", "drop"], "invalid choice: 'drop'"),
+    (["--thinking-kv-policy", "release-on-answer", "--thinking-kv-window", "9000"],
+     "no thinking could ever be released"),
+    (["--radix-cache-backend", "sgl-reason", "--think-end", " "], "No end-of-thinking marker"),
+    (["--thinking-kv-policy", "release-on-answer", "--page-size", "4"],
+     "it needs --page-size 1. Supported elsewhere: keep, strip, demote"),
+])
+def test_bad_flags_fail_at_launch_with_the_fix(flags, message):
+    from sgl_reason.model import default_model_path
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "sglang.launch_server", "--model-path", str(default_model_path()),
+         "--device", "cpu", "--attention-backend", "torch_native", *flags],
+        capture_output=True, text=True, timeout=180)
+    assert proc.returncode != 0
+    assert message in proc.stderr + proc.stdout
+
+
+def test_serve_refuses_a_window_larger_than_the_context():
+    with pytest.raises(ServerStartError, match="no thinking could ever be released"):
+        EmbeddedRuntime(extra_args=["--thinking-kv-window", "8190"]).start()
