@@ -172,6 +172,15 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return module.main(args)
 
 
+def _shape(text: str) -> tuple[int, int, int]:
+    from sgl_reason.bench.thinking_kv import parse_shape
+
+    try:
+        return parse_shape(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt
 
@@ -238,9 +247,9 @@ def build_parser() -> argparse.ArgumentParser:
     b = benches.add_parser("fp8-kv", help="16-bit vs per-tensor vs per-token FP8 KV")
     b.add_argument("--tokens", type=int, default=1000, help="teacher-forced sequence length (about)")
     b = benches.add_parser("thinking-kv", help="stock vs each thinking-KV policy at a fixed pool")
-    b.add_argument("--requests", type=int, default=16, help="requests sent at once per row")
-    b.add_argument("--max-total-tokens", type=int, default=2048, help="the KV pool, in tokens")
-    b.add_argument("--shape", default="32,256,256",
+    b.add_argument("--requests", type=int, default=10, help="requests sent at once per row")
+    b.add_argument("--max-total-tokens", type=int, default=1400, help="the KV pool, in tokens")
+    b.add_argument("--shape", type=_shape, default="32,256,256",
                    help="prompt,thinking,answer tokens (the default also runs 32,400,100)")
     for b in benches.choices.values():
         b.add_argument("--json", default=None, help="write the report here")

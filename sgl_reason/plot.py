@@ -21,6 +21,8 @@ def _load(path: Path):
         return "prefix_sharing", data
     if {"accuracy", "tokens_per_problem"} <= data.keys():
         return "summary", data
+    if {"policies", "ideal_gain"} <= data.keys():
+        return "thinking_kv", data
     raise ValueError(f"{path}: not an eval records/summary file nor a known benchmark JSON")
 
 
@@ -34,7 +36,7 @@ def plot(paths: list[str], out_dir: str = "plots") -> list[Path]:
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    records, summaries, benches = {}, {}, {}
+    records, summaries, benches, written = {}, {}, {}, []
     for name in paths:
         path = Path(name)
         if not path.is_file():
@@ -48,9 +50,10 @@ def plot(paths: list[str], out_dir: str = "plots") -> list[Path]:
                 summaries.setdefault(label, json.loads(beside.read_text()))
         elif kind == "summary":
             summaries[label] = data
+        elif kind == "thinking_kv":
+            written.append(_thinking_kv(plt, data, out / f"bench_{label}.png"))
         else:
             benches[label] = data
-    written = []
     if summaries:
         fig, ax = plt.subplots(figsize=(6, 4))
         for label, s in summaries.items():
@@ -74,6 +77,20 @@ def plot(paths: list[str], out_dir: str = "plots") -> list[Path]:
         fig.suptitle(f"{label}: n={b['n']}, prompt {b['prompt_tokens']} tokens")
         written.append(_save(fig, out / f"bench_{label}.png"))
     return written
+
+
+def _thinking_kv(plt, b: dict, path: Path) -> Path:
+    """Per policy row: concurrency the pool supports, and the answers' NLL (quality cost)."""
+    rows = list(b["policies"])
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
+    for ax, key, title in ((axes[0], "mean_running_saturated", "mean running requests"),
+                           (axes[1], "answer_nll", "answer-token NLL")):
+        ax.bar(rows, [b["policies"][r][key] or 0 for r in rows])
+        ax.set_title(title)
+        ax.tick_params(axis="x", labelrotation=20, labelsize=8)
+    fig.suptitle(f"thinking KV at {b['max_total_tokens']} tokens: release vs keep "
+                 f"{b['concurrency_gain_release_vs_keep']}x (ideal {b['ideal_gain']}x)")
+    return _save(fig, path)
 
 
 def _save(fig, path: Path) -> Path:

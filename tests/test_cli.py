@@ -80,6 +80,22 @@ def test_plot_rejects_unknown_files(tmp_path, capsys):
     assert "not an eval records/summary file" in capsys.readouterr().err
 
 
+def test_bad_thinking_kv_shape(capsys):
+    with pytest.raises(SystemExit):
+        main(["bench", "thinking-kv", "--shape", "32,256"])
+    assert "--shape takes P,T,A (three integers), got '32,256'" in capsys.readouterr().err
+
+
+def test_plot_of_a_thinking_kv_report(tmp_path):
+    row = {"mean_running_saturated": 2.0, "answer_nll": 0.1}
+    report = tmp_path / "tkv.json"
+    report.write_text(json.dumps({
+        "policies": {"keep": row, "release-on-answer": {**row, "mean_running_saturated": 3.0}},
+        "ideal_gain": 1.66, "max_total_tokens": 1400, "concurrency_gain_release_vs_keep": 1.5}))
+    assert main(["plot", str(report), "--out", str(tmp_path / "plots")]) == 0
+    assert (tmp_path / "plots" / "bench_tkv.png").stat().st_size > 0
+
+
 def test_bad_early_stop_names_the_choices(tmp_path, capsys):
     data = tmp_path / "d.jsonl"
     data.write_text('{"question": "1+1?", "answer": "2"}\n')
