@@ -362,9 +362,12 @@ def cache_class():
                                   st.marker_at, st.policy)
             if hi <= lo:
                 return 0
-            assert hi <= kv.kv_committed_len, (hi, kv.kv_committed_len)
             row = self.req_to_token_pool.req_to_token[kv.req_pool_idx]
-            assert bool((row[lo:hi] > 0).all()), "releasing a row range that holds no KV"
+            if hi > kv.kv_committed_len or not bool((row[lo:hi] > 0).all()):
+                # cannot happen by the range table; if it does, keeping the KV is always safe
+                logger.error("sgl-reason: not releasing [%d, %d) of %s: committed %d",
+                             lo, hi, req.rid, kv.kv_committed_len)
+                return 0
             super().free_kv_row(kv, [(lo, hi)])
             row[lo:hi] = 0  # SGLang's padding slot: never allocated, never freed
             st.hole = (lo, hi)
