@@ -2,10 +2,12 @@
 under stock SGLang and under each thinking-KV policy, and what each policy costs in answers.
 
 Every request of the workload is forced to the same shape, so rows differ only by policy: a
-prompt of about P tokens, exactly T thinking tokens (end of sequence masked, then the profile's
+prompt of about P tokens, exactly T thinking tokens (EOS masked, then the profile's
 end-of-thinking marker forced by :class:`BudgetForcingProcessor`), then exactly A answer tokens
-(``ignore_eos``), greedy. All M requests are sent at once to a server whose pool holds only
-part of them; SGLang's scheduler admits what fits.
+(EOS masked until the last, which is forced), greedy. The requests end by EOS, not by
+``ignore_eos``, so SGLang's admission estimates their length as it would for real traffic. All
+M requests are sent at once to a server whose pool holds only part of them; SGLang's scheduler
+admits what fits.
 
 | row | server |
 |---|---|

@@ -278,7 +278,6 @@ def cache_class():
             # id(ReqKvInfo) -> (that ReqKvInfo, lo, hi): released columns of a live row. The
             # record is kept alive here, so its id cannot be reused while the entry exists.
             self.holes: dict[int, tuple[object, int, int]] = {}
-            self.released_total = 0
 
         # -- requests come and go --------------------------------------------------------------
         def claim_kv_row(self, req) -> bool:
@@ -373,7 +372,6 @@ def cache_class():
             st.hole = (lo, hi)
             self.holes[id(kv)] = (kv, lo, hi)
             req.skip_radix_cache_insert = True  # the row is no longer a valid tree key
-            self.released_total += hi - lo
             return hi - lo
 
         def hole_of_kv(self, kv) -> tuple[int, int] | None:
