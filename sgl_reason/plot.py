@@ -83,7 +83,7 @@ def _thinking_kv(plt, b: dict, path: Path) -> Path:
     """Per policy row: concurrency the pool supports, and the answers' NLL (quality cost)."""
     rows = list(b["policies"])
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
-    for ax, key, title in ((axes[0], "mean_running_saturated", "mean running requests"),
+    for ax, key, title in ((axes[0], "mean_running", "mean running requests"),
                            (axes[1], "answer_nll", "answer-token NLL")):
         ax.bar(rows, [b["policies"][r][key] or 0 for r in rows])
         ax.set_title(title)

@@ -87,10 +87,10 @@ def test_bad_thinking_kv_shape(capsys):
 
 
 def test_plot_of_a_thinking_kv_report(tmp_path):
-    row = {"mean_running_saturated": 2.0, "answer_nll": 0.1}
+    row = {"mean_running": 2.0, "answer_nll": 0.1}
     report = tmp_path / "tkv.json"
     report.write_text(json.dumps({
-        "policies": {"keep": row, "release-on-answer": {**row, "mean_running_saturated": 3.0}},
+        "policies": {"keep": row, "release-on-answer": {**row, "mean_running": 3.0}},
         "ideal_gain": 1.66, "max_total_tokens": 1400, "concurrency_gain_release_vs_keep": 1.5}))
     assert main(["plot", str(report), "--out", str(tmp_path / "plots")]) == 0
     assert (tmp_path / "plots" / "bench_tkv.png").stat().st_size > 0
