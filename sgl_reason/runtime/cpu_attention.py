@@ -227,13 +227,12 @@ def install() -> bool:
                    seq_lens, encoder_lens=None, scaling=None, enable_gqa=False, causal=False,
                    is_cross_attn=False, sliding_window_size=None):
         plan = getattr(self, "_sgl_reason_plan", None)
-        if plan is not None and plan.suffix_slots.shape[0] != query.shape[0]:
-            plan = None
-        if plan is None and getattr(self, "_sgl_reason_holes", None):
-            raise RuntimeError("sgl-reason: released thinking KV reached stock decode attention")
         if (plan is None or encoder_lens is not None or is_cross_attn
                 or (sliding_window_size is not None and sliding_window_size > -1)
                 or plan.suffix_slots.shape[0] != query.shape[0]):
+            if getattr(self, "_sgl_reason_holes", False):
+                raise RuntimeError("sgl-reason: released thinking KV reached stock decode "
+                                   "attention, which would read the freed slots")
             return stock_decode(self, query, output, k_cache, v_cache, req_to_token,
                                 req_pool_indices, seq_lens, encoder_lens, scaling, enable_gqa,
                                 causal, is_cross_attn, sliding_window_size)
