@@ -111,12 +111,7 @@ class ReqState:
     error: str | None = None
     scanned: int = 0  # output_ids already searched for the marker
     marker_at: int | None = None  # output index where the end-of-thinking marker starts
-    hole: tuple[int, int] | None = None  # released row columns of the current row
     release_done: bool = False  # the current row has been through _release
-
-    @property
-    def released(self) -> int:
-        return self.hole[1] - self.hole[0] if self.hole else 0
 
 
 def state(req) -> ReqState | None:
@@ -203,6 +198,13 @@ def prepare(server_args) -> None:
         server_args.radix_eviction_policy = "priority"
 
 
+def check_window(policy: Policy, context: int) -> None:
+    if policy.window + policy.sink >= context:
+        raise ValueError(f"--thinking-kv-window {policy.window} + --thinking-kv-sink "
+                         f"{policy.sink} >= the context length {context}: no thinking could "
+                         "ever be released. Use a smaller window.")
+
+
 def _config_context(model_path: str) -> int | None:
     """The model's context length from its local ``config.json`` (None if not a local folder)."""
     import json
@@ -229,10 +231,8 @@ def validate(server_args) -> None:
             raise ValueError("--thinking-kv-policy release-on-answer: " + "; ".join(problems)
                              + ". Supported elsewhere: keep, strip, demote.")
     context = server_args.context_length or _config_context(server_args.model_path)
-    if context is not None and policy.window + policy.sink >= context:
-        raise ValueError(f"--thinking-kv-window {policy.window} + --thinking-kv-sink "
-                         f"{policy.sink} >= the context length {context}: no thinking could "
-                         "ever be released. Use a smaller window.")
+    if context is not None:
+        check_window(policy, context)
 
 
 # -- the radix cache ---------------------------------------------------------------------------
@@ -319,7 +319,7 @@ def cache_class():
             self.holes.pop(id(req.kv), None)
             st = state(req)
             if st is not None:  # a retracted request comes back on a new, whole row
-                st.hole, st.release_done = None, False
+                st.release_done = False
             if self.held.pop(req.rid, None) is not None:
                 self._publish()
 
@@ -339,8 +339,8 @@ def cache_class():
                     # once per row: a retracted request re-prefills a whole row, released anew
                     released += self._release(req, st)
                     st.release_done = True
-                m = st.marker_at
-                thinking = (len(out) if m is None else m) - st.released
+                m, hole = st.marker_at, self.hole_of_kv(req.kv)
+                thinking = (len(out) if m is None else m) - (hole[1] - hole[0] if hole else 0)
                 self.held[req.rid] = (thinking, 0 if m is None else len(out) - m)
             self._publish(released)
             return released
@@ -369,7 +369,6 @@ def cache_class():
                 return 0
             super().free_kv_row(kv, [(lo, hi)])
             row[lo:hi] = 0  # SGLang's padding slot: never allocated, never freed
-            st.hole = (lo, hi)
             self.holes[id(kv)] = (kv, lo, hi)
             req.skip_radix_cache_insert = True  # the row is no longer a valid tree key
             return hi - lo
@@ -394,10 +393,6 @@ def cache_class():
 _CACHE = None  # the scheduler process's ThinkingKVCache, once built
 
 
-def active_cache():
-    return _CACHE
-
-
 def build_cache(ctx):
     """Radix cache factory for ``--radix-cache-backend sgl-reason`` (scheduler process)."""
     global _CACHE
@@ -412,11 +407,7 @@ def build_cache(ctx):
     if not marker.strip() or not marker_ids:
         raise ValueError(f"No end-of-thinking marker: {source} gives {marker!r}. Pass "
                          "--think-end TEXT.")
-    context = ctx.model_config.context_len
-    if policy.window + policy.sink >= context:
-        raise ValueError(f"--thinking-kv-window {policy.window} + --thinking-kv-sink "
-                         f"{policy.sink} >= the model's context length {context}: no thinking "
-                         "could ever be released. Use a smaller window.")
+    check_window(policy, ctx.model_config.context_len)
     cache = create_unified_radix_cache(ctx, cache_class=cache_class())
     cache.setup(policy, marker_ids, Metrics(bool(args.enable_metrics) and ctx.tp_rank == 0),
                 release_ok=not release_supported(args))
