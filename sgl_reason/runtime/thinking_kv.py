@@ -103,6 +103,34 @@ def release_span(prompt_len: int, protected_len: int, marker_at: int, policy: Po
     return lo, hi
 
 
+def peak_output_kv(custom_params: dict | None, max_new_tokens: int, prompt_len: int,
+                   protected_len: int, policy: Policy) -> int | None:
+    """Most output-token KV a ``release-on-answer`` request holds at once, or None (unknown).
+
+    Known when the request declares its shape the way budget forcing does
+    (:class:`~sgl_reason.programs.budget.BudgetForcingProcessor`'s ``custom_params``: thinking
+    ``budget``, marker ``end_ids`` of L tokens, ``max_answer``). With the marker at m <= budget:
+
+    | phase                        | output KV held                                   |
+    |------------------------------|--------------------------------------------------|
+    | thinking, up to the release  | m + L + 1 (the step in flight) <= budget + L + 1 |
+    | answering, after the release | min(m, S' + W) + L + a, with a <= max_answer     |
+
+    S' = max(S, protected - P): a tree-owned prefix is never released. Stock admission
+    reserves ``max_new_tokens`` (= budget + L + max_answer for a budgeted request); this bound
+    is what the request can really hold, about half of that for equal thinking and answer.
+    """
+    params = custom_params or {}
+    budget, end_ids, answer = (params.get(k) for k in ("budget", "end_ids", "max_answer"))
+    if not (isinstance(budget, int) and isinstance(answer, int) and isinstance(end_ids, list)):
+        return None
+    if policy.name != "release-on-answer":
+        return None
+    marker = len(end_ids)
+    kept = min(budget, max(policy.sink, protected_len - prompt_len) + policy.window)
+    return min(max_new_tokens, max(budget + marker + 1, kept + marker + answer))
+
+
 @dataclass
 class ReqState:
     """What the backend tracks for one running request."""
@@ -441,6 +469,25 @@ def _attach_state(req) -> None:
     req._sgl_reason_kv = ReqState(policy)
 
 
+def tokens_to_come(req) -> int | None:
+    """Most KV slots a request may still allocate, release-aware (None: no better bound than
+    SGLang's own ``max_new_tokens - len(output_ids)``). Feeds admission (:func:`install`)."""
+    cache, st = _CACHE, state(req)
+    if cache is None or st is None or not cache.release_ok:
+        return None
+    if getattr(req, "custom_logit_processor", None) is None:
+        return None  # a declared shape is only trusted with a processor there to enforce it
+    kv = req.kv
+    protected = max(kv.cache_protected_len or 0, req.prefix_len or 0)
+    peak = peak_output_kv(req.sampling_params.custom_params, req.sampling_params.max_new_tokens,
+                          len(req.origin_input_ids), protected, st.policy)
+    if peak is None:
+        return None
+    hole = cache.hole_of_kv(kv)
+    held = len(req.output_ids) - (hole[1] - hole[0] if hole else 0)
+    return max(0, peak - held)
+
+
 def holes_for(reqs) -> list[tuple[int, int] | None] | None:
     """Per request of a batch, its released columns; None when no request has any."""
     cache = _CACHE
@@ -503,6 +550,8 @@ def install() -> None:
 
     ForwardBatch.init_new = classmethod(init_new)
 
+    _install_admission()
+
     # SGLang's pool accounting (busy-time leak check, /v1/loads, metrics) counts a request's
     # private KV as its row past the protected prefix; a released hole is not held any more.
     stock_private = pool_stats_observer.kv_private_tokens
@@ -516,3 +565,50 @@ def install() -> None:
         if getattr(module, "kv_private_tokens", None) is stock_private:
             module.kv_private_tokens = kv_private_tokens
     req_cls._sgl_reason_kv_hooks = True
+
+
+def _install_admission() -> None:
+    """Admission that knows a budgeted release-on-answer request's real peak.
+
+    SGLang's PrefillAdder charges a new request ``max_new_tokens`` and each running one its
+    remaining ``max_new_tokens - len(output_ids)`` (times ``new_token_ratio``). Both are
+    replaced by :func:`tokens_to_come` where that is smaller; everything else (ratio, retraction
+    when decode runs out) stays SGLang's.
+    """
+    from sglang.srt.managers import schedule_policy
+
+    adder = schedule_policy.PrefillAdder
+    stock_offset = adder._get_running_request_total_token_offset
+    stock_add = adder.add_one_req
+
+    def stock_left(req) -> int:
+        left = req.sampling_params.max_new_tokens - len(req.output_ids)
+        return min(max(left, 0), schedule_policy.CLIP_MAX_NEW_TOKENS)
+
+    def running_offset(self, req):
+        offset = stock_offset(self, req)
+        bound, left = tokens_to_come(req), stock_left(req)
+        if bound is None or bound >= left:
+            return offset
+        return offset * bound / left  # the same new_token_ratio, on the smaller count
+
+    def add_one_req(self, req, *args, **kwargs):
+        bound, left = tokens_to_come(req), stock_left(req)
+        credit = 0 if bound is None else max(0, left - bound)
+        if not credit:
+            return stock_add(self, req, *args, **kwargs)
+        # The stock code charges `left` for the request's decode; credit the difference, and
+        # keep it only if the request was admitted whole (a chunk is charged no decode).
+        budget = self.memory_budget
+        budget.total_offset -= credit
+        try:
+            result = stock_add(self, req, *args, **kwargs)
+        except BaseException:
+            budget.total_offset += credit
+            raise
+        if req not in self.can_run_list or self.new_chunked_req is req:
+            budget.total_offset += credit
+        return result
+
+    adder._get_running_request_total_token_offset = running_offset
+    adder.add_one_req = add_one_req

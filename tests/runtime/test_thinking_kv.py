@@ -18,7 +18,7 @@ import requests
 
 from sgl_reason import EmbeddedRuntime, ServerStartError
 from sgl_reason.bench.thinking_kv import STOCK_ENV, Workload, ideal_gain
-from sgl_reason.runtime.thinking_kv import Policy, release_span
+from sgl_reason.runtime.thinking_kv import Policy, peak_output_kv, release_span
 
 STRICT = {"SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY": "1",
           "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1"}
@@ -47,6 +47,18 @@ def test_policy_checks_and_request_override():
     assert base.override(None) is base and base.override({"budget": 3}) is base
     assert base.override({"thinking_kv_policy": "strip", "thinking_kv_sink": 0}) == Policy(
         "strip", window=base.window, sink=0)
+
+
+def test_peak_output_kv_of_a_budgeted_request():
+    release = Policy("release-on-answer", window=16, sink=4)
+    shape = {"budget": 256, "end_ids": [1, 2, 3], "max_answer": 256}
+    # thinking up to the release: 256 + 3 + 1 in flight; after it: 4 + 16 kept + 3 + 256
+    assert peak_output_kv(shape, 515, 32, 32, release) == 279
+    assert peak_output_kv(shape | {"max_answer": 8}, 267, 32, 32, release) == 260
+    assert peak_output_kv(shape, 515, 32, 40, release) == 283  # 8 protected + 16 kept
+    assert peak_output_kv(shape, 515, 32, 300, release) == 515  # all protected: max_new_tokens
+    assert peak_output_kv(shape, 515, 32, 32, Policy("keep")) is None
+    assert peak_output_kv({"budget": 256}, 515, 32, 32, release) is None  # shape undeclared
 
 
 def test_ideal_gain_of_the_default_shape():
@@ -227,6 +239,37 @@ def test_bad_request_override_is_refused_with_the_fix(server):
     body["sampling_params"]["custom_params"] = {"thinking_kv_window": -3}
     r = requests.post(server.url + "/generate", json=body, timeout=60)
     assert r.status_code == 400 and "window must be an integer >= 0" in r.text
+
+
+def test_admission_reserves_a_released_requests_peak_not_its_max_new_tokens(server, work):
+    """Eight budgeted requests reach an idle server in one message (one admission round).
+    Stock admission charges each its prompt + max_new_tokens (230): 6 fit the 1,536-token pool.
+    Under release-on-answer each is charged its real peak (prompt + 121): all 8 fit."""
+    url, n, shape = server.url, 8, (32, 96, 96)
+    w = Workload(url, shape, n)
+    ids = [w._tokenize(p) for p in w.prompts]
+    lines: list[str] = []
+    stock_sink = server.server.log_sink
+
+    def first_prefill(policy: str) -> int:
+        requests.post(url + "/flush_cache", timeout=30).raise_for_status()
+        bodies = [w.body(i, policy) for i in range(n)]
+        lines.clear()
+        out = _generate(url, {"input_ids": ids,  # token ids: SGLang sends the batch as one
+                              "sampling_params": [b["sampling_params"] for b in bodies],
+                              "custom_logit_processor": [b["custom_logit_processor"]
+                                                         for b in bodies]})
+        assert [o["meta_info"]["completion_tokens"] for o in out] == [
+            shape[1] + len(w.end_ids) + shape[2]] * n
+        first = next(line for line in lines if "Prefill batch" in line)
+        return int(re.search(r"#new-seq: (\d+)", first).group(1))
+
+    server.server.log_sink = lambda line: (lines.append(line), stock_sink and stock_sink(line))
+    try:
+        keep, release = first_prefill("keep"), first_prefill("release-on-answer")
+    finally:
+        server.server.log_sink = stock_sink
+    assert keep < n and release == n, (keep, release)
 
 
 # -- demote on its own server (priority eviction) -----------------------------------------------
