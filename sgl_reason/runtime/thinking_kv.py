@@ -19,6 +19,11 @@ a row range subtracts the hole (``ThinkingKVCache.free_kv_row``), so no slot is 
 The forward that is in flight when the marker is seen (overlap scheduling) still reads the
 whole thinking; the hole applies from the next batch on.
 
+Admission: SGLang charges a request its whole ``max_new_tokens``. A release-on-answer request
+that declares its shape (budget forcing's ``custom_params``) is charged its real peak instead
+(:func:`peak_output_kv`, :func:`_install_admission`), so the room its release will make is
+already used when it is admitted.
+
 Per-request override, in ``sampling_params.custom_params``: ``thinking_kv_policy``,
 ``thinking_kv_window``, ``thinking_kv_sink``. Metrics on ``/metrics`` (with
 ``--enable-metrics``): ``sgl_reason:thinking_kv_tokens``, ``sgl_reason:answer_kv_tokens``
