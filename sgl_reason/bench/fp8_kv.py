@@ -13,11 +13,13 @@ emulated inside sgl-reason's pool with fixed scales (same arithmetic: divide, ca
 
 Quality is measured against ``bf16`` on a long teacher-forced sequence (mean KL of next-token
 distributions over the reference's top-20, renormalized; top-1 agreement) and as greedy
-agreement over several prompts. Throughput: batch-8 decode tokens/s, as a ratio to ``bf16``.
+agreement over several prompts. Throughput: batch-8 decode tokens/s as a ratio to ``bf16``, the
+four servers up together and taking turns (best of 3 rounds each).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import tempfile
@@ -28,6 +30,8 @@ from sgl_reason import EmbeddedRuntime, model
 from sgl_reason.runtime import fp8_kv
 
 TOP = 20
+DECODE_TOKENS = 64
+POOL_TOKENS = 16384  # per server: the longest request here is ~1,500 tokens, batches ~4,000
 PROMPTS = [
     "Write a short story about a robot learning to paint.",
     "Explain why the sky is blue.",
@@ -102,24 +106,36 @@ def kl_and_top1(ref: list[dict], test: list[dict]) -> tuple[float, float]:
     return sum(kls) / len(kls), agree / len(kls)
 
 
-def decode_tok_s(rt: EmbeddedRuntime, context: str) -> float:
-    prompts = [f"{context}\nNote {i}: {p}" for i, p in enumerate(PROMPTS + PROMPTS[:2])]
+def decode_seconds(rt: EmbeddedRuntime, prompts: list[str]) -> float:
+    """Wall time of DECODE_TOKENS batch decode steps (the prefill, timed alone, subtracted)."""
     rt.flush_cache()
     t = time.perf_counter()
     rt.generate(prompts, max_new_tokens=1, temperature=0)
     prefill = time.perf_counter() - t
     rt.flush_cache()
     t = time.perf_counter()
-    rt.generate(prompts, max_new_tokens=65, temperature=0, ignore_eos=True)
-    return len(prompts) * 64 / max(1e-6, time.perf_counter() - t - prefill)
+    rt.generate(prompts, max_new_tokens=DECODE_TOKENS + 1, temperature=0, ignore_eos=True)
+    return max(1e-6, time.perf_counter() - t - prefill)
 
 
-def measure(env: dict | None, extra: list[str], text: str, context: str) -> dict:
-    with EmbeddedRuntime(extra_args=extra, env=env) as rt:
-        logprobs = top_logprobs(rt, text)
-        greedy = [rt.generate(chat(p), max_new_tokens=48, temperature=0)["text"] for p in PROMPTS]
-        speed = decode_tok_s(rt, context)
-    return {"_logprobs": logprobs, "_greedy": greedy, "decode_tok_s": round(speed, 2)}
+def decode_tok_s(servers: dict[str, EmbeddedRuntime], context: str, rounds: int = 3
+                 ) -> dict[str, float]:
+    """Batch-8 decode tokens/s per server. This machine's speed drifts by tens of percent over
+    minutes, so the servers take turns (round-robin, ``rounds`` times) and each keeps its best
+    round: every row sees the same drift, and the ratio is what is reported."""
+    prompts = [f"{context}\nNote {i}: {p}" for i, p in enumerate(PROMPTS + PROMPTS[:2])]
+    best = dict.fromkeys(servers, 0.0)
+    for _ in range(rounds):
+        for name, rt in servers.items():
+            rate = len(prompts) * DECODE_TOKENS / decode_seconds(rt, prompts)
+            best[name] = max(best[name], rate)
+    return best
+
+
+def quality(rt: EmbeddedRuntime, text: str) -> dict:
+    return {"_logprobs": top_logprobs(rt, text),
+            "_greedy": [rt.generate(chat(p), max_new_tokens=48, temperature=0)["text"]
+                        for p in PROMPTS]}
 
 
 def run(tokens: int = 1000, budget_gib: float = 1.0) -> dict:
@@ -129,16 +145,24 @@ def run(tokens: int = 1000, budget_gib: float = 1.0) -> dict:
             "head_dim": config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]}
     text = gsm8k_text(0, tokens)
     context = gsm8k_text(200, 400)
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         scales = Path(tmp) / "scales.json"
         scales.write_text(json.dumps(calibrate(path, gsm8k_text(600, 1500))))
         fp8 = ["--kv-cache-dtype", "fp8_e4m3"]
-        rows = {
-            "bf16": measure(None, [], text, context),
-            "per_tensor": measure({fp8_kv.ENV: "fixed:1.0"}, fp8, text, context),
-            "per_tensor_calibrated": measure({fp8_kv.ENV: f"layers:{scales}"}, fp8, text, context),
-            "per_token": measure({fp8_kv.ENV: "per-token"}, fp8, text, context),
+        configs = {
+            "bf16": (None, []),
+            "per_tensor": ({fp8_kv.ENV: "fixed:1.0"}, fp8),
+            "per_tensor_calibrated": ({fp8_kv.ENV: f"layers:{scales}"}, fp8),
+            "per_token": ({fp8_kv.ENV: "per-token"}, fp8),
         }
+        # all four up at once (an idle server takes no CPU here), so decode speed is measured
+        # in turns rather than minutes apart
+        servers = {name: stack.enter_context(EmbeddedRuntime(
+            extra_args=[*extra, "--max-total-tokens", str(POOL_TOKENS)], env=env))
+            for name, (env, extra) in configs.items()}
+        rows = {name: quality(rt, text) for name, rt in servers.items()}
+        for name, rate in decode_tok_s(servers, context).items():
+            rows[name]["decode_tok_s"] = round(rate, 2)
     ref = rows["bf16"]
     report = {"model": str(path), "teacher_forced_tokens": len(ref["_logprobs"]),
               "memory_budget_gib": budget_gib}

@@ -39,6 +39,18 @@ def test_roundtrip_outlier_heavy():
     assert (tiny == 0).float().mean() > 0.5
 
 
+def test_dequantize_matches_the_fp8_cast_on_every_code():
+    codes = torch.arange(256, dtype=torch.uint8).view(fp8_kv.FP8).view(256, 1, 1)
+    finite = ~codes.float().isnan().view(256)
+    assert int(finite.sum()) == 254  # all but the two NaNs
+    for scale in (1.0, 3.5e-3, 17.0):
+        s = torch.full((256, 1), scale).to(fp8_kv.SCALE_DTYPE)
+        cast = codes.float() * s.float().unsqueeze(-1)  # PyTorch's own (slow) fp8 cast
+        ours = fp8_kv.dequantize(codes, s)
+        assert torch.equal(ours[finite], cast[finite])
+        assert fp8_kv.dequantize(codes, s, torch.bfloat16).dtype == torch.bfloat16
+
+
 def test_per_tensor_scale_one_saturates():
     x = torch.tensor([[1000.0, -900.0, 0.5]])
     q, s = fp8_kv.quantize(x, fixed=1.0)
