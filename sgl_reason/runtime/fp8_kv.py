@@ -81,13 +81,14 @@ def quantize(x: torch.Tensor, fixed: float | None = None) -> tuple[torch.Tensor,
 
 
 def dequantize(q: torch.Tensor, scale: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
-    """fp8 [..., D] x scale [...] -> ``dtype``, without PyTorch's fp8 cast (scalar on CPU, 17x
-    slower than this). The e4m3 bits ``s eeee mmm`` (bias 7) are moved into an fp16
-    ``s eeeee mmmmmmmmmm`` (bias 15): the sign from bit 7 to bit 15, exponent and mantissa from
-    bits 6..0 to 13..7, so the fp16 reads the fp8 value x 2^-8, subnormals included (both
-    formats scale them alike). ``(b + (b & 0x80)) << 7`` does both moves in int16; the 2^8 goes
-    into the scale. Exact for every code but NaN (0x7f, 0xff: read as +-480), which
-    :func:`quantize` never writes."""
+    """fp8 [..., D] x scale [...] -> ``dtype``, without PyTorch's fp8 cast (scalar on CPU: a
+    decode step's KV reads take 3.6x as long through it, ``benchmarks/fp8_dequant.py``).
+
+    The e4m3 bits ``s eeee mmm`` (bias 7) are moved into an fp16 ``s eeeee mmmmmmmmmm``
+    (bias 15): the sign from bit 7 to bit 15, exponent and mantissa from bits 6..0 to 13..7, so
+    the fp16 reads the fp8 value x 2^-8, subnormals included (both formats scale them alike).
+    ``(b + (b & 0x80)) << 7`` does both moves in int16; the 2^8 goes into the scale. Exact for
+    every code but NaN (0x7f, 0xff: read as +-480), which :func:`quantize` never writes."""
     bits = q.view(torch.uint8).to(torch.int16)
     bits.add_(bits & 0x80).bitwise_left_shift_(7)
     out = bits.view(torch.float16).float()

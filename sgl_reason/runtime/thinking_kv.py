@@ -476,7 +476,7 @@ def _attach_state(req) -> None:
 
 def tokens_to_come(req) -> int | None:
     """Most KV slots a request may still allocate, release-aware (None: no better bound than
-    SGLang's own ``max_new_tokens - len(output_ids)``). Feeds admission (:func:`install`)."""
+    SGLang's own ``max_new_tokens - len(output_ids)``). Feeds :func:`_install_admission`."""
     cache, st = _CACHE, state(req)
     if cache is None or st is None or not cache.release_ok:
         return None
