@@ -141,7 +141,6 @@ class ReqState:
     """What the backend tracks for one running request."""
 
     policy: Policy
-    error: str | None = None
     scanned: int = 0  # output_ids already searched for the marker
     marker_at: int | None = None  # output index where the end-of-thinking marker starts
     release_done: bool = False  # the current row has been through _release
@@ -372,8 +371,8 @@ def cache_class():
                     # once per row: a retracted request re-prefills a whole row, released anew
                     released += self._release(req, st)
                     st.release_done = True
-                m, hole = st.marker_at, self.hole_of_kv(req.kv)
-                thinking = (len(out) if m is None else m) - (hole[1] - hole[0] if hole else 0)
+                m = st.marker_at
+                thinking = (len(out) if m is None else m) - self.released_slots(req.kv)
                 self.held[req.rid] = (thinking, 0 if m is None else len(out) - m)
             self._publish(released)
             return released
@@ -412,6 +411,11 @@ def cache_class():
             if entry is None or entry[0] is not kv:
                 return None
             return entry[1], entry[2]
+
+        def released_slots(self, kv) -> int:
+            """Slots released from the row that ``kv`` holds (0 if none)."""
+            hole = self.hole_of_kv(kv)
+            return hole[1] - hole[0] if hole else 0
 
         def _publish(self, released: int = 0) -> None:
             thinking = sum(t for t, _ in self.held.values())
@@ -488,9 +492,7 @@ def tokens_to_come(req) -> int | None:
                           len(req.origin_input_ids), protected, st.policy)
     if peak is None:
         return None
-    hole = cache.hole_of_kv(kv)
-    held = len(req.output_ids) - (hole[1] - hole[0] if hole else 0)
-    return max(0, peak - held)
+    return max(0, peak - (len(req.output_ids) - cache.released_slots(kv)))
 
 
 def holes_for(reqs) -> list[tuple[int, int] | None] | None:
@@ -563,8 +565,7 @@ def install() -> None:
 
     def kv_private_tokens(kv, page_size):
         tokens = stock_private(kv, page_size)
-        hole = _CACHE.hole_of_kv(kv) if _CACHE is not None else None
-        return tokens - (hole[1] - hole[0]) if hole else tokens
+        return tokens - _CACHE.released_slots(kv) if _CACHE is not None else tokens
 
     for module in (pool_stats_observer, invariant_checker):
         if getattr(module, "kv_private_tokens", None) is stock_private:
