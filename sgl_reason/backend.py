@@ -7,6 +7,15 @@ prefix commit before a fork), so the ledger counts all of them.
 
 Request extras: SGLang's ``gen`` has no way to pass a custom logit processor. A program calls
 :func:`set_request_extras` right before a ``gen``; the next request of that state carries them.
+
+Token-exact continuation: SGLang's frontend sends a state's whole text with every request, and the
+server re-tokenizes it, so a trace generated in pieces (chunked thinking, a probe, the answer)
+would not continue the model's own tokens: at each seam the text can tokenize differently
+(``"12" + "3"`` becomes ``"123"``), which changes what the model sees and leaves the seam's KV
+uncached. Here each state remembers the token ids of its last request (prompt + completion,
+when the completion ended on its length, so text and ids agree) and the next request sends
+those ids plus only the new text, tokenized; forks inherit them. A piecewise trace is then
+the same token sequence as one request, and a continuation prefills exactly one token.
 """
 
 from __future__ import annotations
@@ -30,6 +39,8 @@ _EXTRAS_VAR = "__sgl_reason_request_extras__"
 _SAMPLING_EXTRAS = frozenset({"custom_params"})
 # The server returns output ids beside meta_info; programs find them here.
 OUTPUT_IDS_KEY = "output_ids"
+# (text, token ids) of a state's last request, prompt and completion; forks copy variables.
+_IDS_VAR = "__sgl_reason_token_ids__"
 
 
 def set_request_extras(s: ProgramState, **extras) -> None:
@@ -61,14 +72,28 @@ class ReasonBackend(RuntimeEndpoint):
     def supports_logit_processor(self) -> bool:
         return bool(self.server_info.get("enable_custom_logit_processor"))
 
-    def tokenize(self, text: str) -> list[int]:
+    def tokenize(self, text: str, add_special_tokens: bool = False) -> list[int]:
         res = http_request(
             self.base_url + "/tokenize",
-            json={"prompt": text, "add_special_tokens": False},
+            json={"prompt": text, "add_special_tokens": add_special_tokens},
             api_key=self.api_key,
         )
         self._assert_success(res)
         return list(res.json()["tokens"])
+
+    def _prompt_ids(self, s: StreamExecutor) -> list[int]:
+        """The state's text as token ids: the last request's ids, then the new text tokenized.
+        A state with no usable history is tokenized whole, as the server would tokenize it."""
+        text = s.text_
+        known = s.variables.get(_IDS_VAR)
+        if known is not None and text.startswith(known[0]):
+            rest = text[len(known[0]):]
+            return known[1] + (self.tokenize(rest) if rest else [])
+        return self.tokenize(text, add_special_tokens=True)
+
+    @staticmethod
+    def _remember(s: StreamExecutor, text: str, ids: list[int]) -> None:
+        s.variables[_IDS_VAR] = (text, ids)
 
     # -- every /generate request goes through here ----------------------------------------------
     def _post_generate(self, data: dict) -> dict | list[dict]:
@@ -84,15 +109,21 @@ class ReasonBackend(RuntimeEndpoint):
         return self._post_generate(data)
 
     def commit_lazy_operations(self, s: StreamExecutor):
-        self._generate_http_request(s, {"text": s.text_, "sampling_params": {"max_new_tokens": 0}})
+        if s.images_:  # images go with text; SGLang expands their tokens itself
+            self._generate_http_request(s, {"text": s.text_, "sampling_params": {"max_new_tokens": 0}})
+            return
+        ids = self._prompt_ids(s)
+        self._generate_http_request(s, {"input_ids": ids, "sampling_params": {"max_new_tokens": 0}})
+        self._remember(s, s.text_, ids)
 
     def fill_image(self, s: StreamExecutor):
         self.commit_lazy_operations(s)
 
     def generate(self, s: StreamExecutor, sampling_params: SglSamplingParams):
         self._handle_dtype_to_regex(sampling_params)
+        ids = None if s.images_ else self._prompt_ids(s)
         data = {
-            "text": s.text_,
+            **({"text": s.text_} if ids is None else {"input_ids": ids}),
             "sampling_params": {
                 "skip_special_tokens": global_config.skip_special_tokens_in_output,
                 "spaces_between_special_tokens": global_config.spaces_between_special_tokens_in_out,
@@ -111,6 +142,15 @@ class ReasonBackend(RuntimeEndpoint):
         obj = self._generate_http_request(s, data)
         meta = dict(obj["meta_info"])
         meta[OUTPUT_IDS_KEY] = obj.get("output_ids")
+        # Only a completion cut by its length is exactly its ids: a stop string or EOS is in the
+        # ids but not in the text. After those the prompt's ids are kept and the completion's
+        # text is tokenized with whatever follows.
+        if ids is not None:
+            finish = (meta.get("finish_reason") or {}).get("type")
+            if finish == "length" and meta[OUTPUT_IDS_KEY]:
+                self._remember(s, s.text_ + obj["text"], ids + list(meta[OUTPUT_IDS_KEY]))
+            else:
+                self._remember(s, s.text_, ids)
         return obj["text"], meta
 
     def generate_stream(self, s, sampling_params):

@@ -1,0 +1,40 @@
+"""ReasonBackend against the real server: token-exact continuation of a trace made in pieces."""
+
+from __future__ import annotations
+
+import pytest
+import sglang as sgl
+
+from sgl_reason.backend import _IDS_VAR, OUTPUT_IDS_KEY
+
+PROMPT = "Count slowly from one to one hundred, one number per line:\n"
+
+
+@sgl.function
+def two_pieces(s):
+    s += PROMPT
+    s += sgl.gen("a", max_tokens=8, temperature=0)
+    s += sgl.gen("b", max_tokens=8, temperature=0)
+    s += " and then"
+    s += sgl.gen("c", max_tokens=4, temperature=0)
+
+
+@pytest.mark.server
+def test_a_trace_in_pieces_continues_the_models_own_tokens(fresh_cache):
+    backend = fresh_cache.endpoint.scoped()
+    state = two_pieces.run(backend=backend)
+    prompt_ids = backend.tokenize(PROMPT, add_special_tokens=True)
+    out = {k: state.get_meta_info(k)[OUTPUT_IDS_KEY] for k in "abc"}
+    assert [len(out[k]) for k in "abc"] == [8, 8, 4]  # each piece ended on its length
+    text, ids = state.stream_executor.variables[_IDS_VAR]
+    assert text == state.text()
+    # the server saw the model's own ids, never a re-tokenization of the decoded text
+    assert ids == prompt_ids + out["a"] + out["b"] + backend.tokenize(" and then") + out["c"]
+    meta_b, meta_c = state.get_meta_info("b"), state.get_meta_info("c")
+    assert meta_b["prompt_tokens"] == len(prompt_ids) + 8
+    assert meta_b["cached_tokens"] == len(prompt_ids) + 7  # the seam is exactly one token
+    n_then = len(backend.tokenize(" and then"))
+    assert meta_c["prompt_tokens"] == len(prompt_ids) + 16 + n_then
+    assert meta_c["cached_tokens"] == len(prompt_ids) + 15
+    cost = backend.recorder.snapshot()
+    assert cost.computed_prefill_tokens == len(prompt_ids) + 1 + (1 + n_then)
