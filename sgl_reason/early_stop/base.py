@@ -27,7 +27,9 @@ class EarlyStop(BaseModel):
     threshold: float | None = None  # entropy (nats, >= 0) or confidence (> 0); signal default
     top_k: int = Field(5, ge=2, le=20)  # top logprobs per token, for entropy and confidence
     probe_tokens: int = Field(16, ge=1)  # probe: tokens a probe may generate
+    probe_stop: tuple[str, ...] = ("\n",)  # probe: the answer is read up to these strings
     probe_agree: int = Field(2, ge=2)  # probe: consecutive equal probe answers needed
+    answer_from_probe: bool = True  # probe: the settled probe is the answer (no answer request)
     batch: int = Field(4, ge=2)  # consensus: samples per window
     confidence_level: float = Field(0.95, gt=0.5, lt=1.0)  # consensus: Beta posterior mass
     min_tokens: int = Field(0, ge=0)  # never stop before this many thinking tokens
@@ -70,7 +72,7 @@ class Chunk:
     tokens_so_far: int  # trace tokens including this chunk
     logprobs: list[float] = field(default_factory=list)  # chosen tokens
     top_logprobs: list[list[float]] = field(default_factory=list)  # per token, top-k
-    probe: Callable[[], str | None] | None = None  # forks a probe off the trace (probe signal)
+    probe: Callable[[], str] | None = None  # forks a probe off the trace: its completion text
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,7 @@ class StopDecision:
     at_token: int  # trace tokens when the decision was taken
     reason: str
     drop: bool = False  # the trace is abandoned (no answer from it), not merely closed
+    answer_text: str | None = None  # the settled probe's completion, to answer with (probe)
 
 
 class Signal(ABC):

@@ -9,7 +9,6 @@ from __future__ import annotations
 import sglang as sgl
 
 from sgl_reason.early_stop import Chunk, EarlyStop, Signal, StopDecision
-from sgl_reason.vote import extract_answer
 
 
 def _logprobs(meta: dict) -> tuple[list[float], list[list[float]]]:
@@ -21,7 +20,7 @@ def _logprobs(meta: dict) -> tuple[list[float], list[list[float]]]:
 
 def generate_chunked(s, name: str, max_tokens: int, stops: list[str] | None, sampling: dict,
                      signal: Signal, config: EarlyStop, probe=None, before_chunk=None):
-    """Returns (text, tokens, closed_by_model, decision). ``probe(s)`` -> answer, for ``probe``;
+    """Returns (text, tokens, closed_by_model, decision). ``probe(s)`` -> completion, for ``probe``;
     ``before_chunk(s)`` runs before each chunk request (e.g. to attach request extras)."""
     used, parts, k = 0, [], 0
     extra = {"return_logprob": True, "top_logprobs_num": config.top_k} if signal.needs_logprobs else {}
@@ -42,22 +41,34 @@ def generate_chunked(s, name: str, max_tokens: int, stops: list[str] | None, sam
         )
         if meta["finish_reason"]["type"] == "stop":  # the trace ended by itself
             return "".join(parts), used, True, signal.record(chunk)
+        if used >= max_tokens:  # the budget closes it anyway: nothing to probe, only to judge
+            return "".join(parts), used, False, signal.record(chunk)
         decision = signal.observe(chunk)
         if decision is not None:
             return "".join(parts), used, False, decision
     return "".join(parts), used, False, None
 
 
-def probe_answer(s, suffix: str, max_tokens: int) -> str | None:
-    """Fork the trace, close it with ``suffix`` and read a short greedy answer."""
+def probe_text(s, suffix: str, config: EarlyStop) -> str:
+    """Fork the trace, close it with ``suffix`` and read a short greedy answer: its text.
+
+    The trace's newest token has no KV yet (no request has read it). It is committed alone
+    first (a ``max_new_tokens=0`` request), as the next chunk would prefill it, and only then
+    is the probe forked: otherwise the probe computes it inside its own, longer prefill, the
+    radix cache keeps that copy, and every later chunk reads a bf16 KV rounded differently
+    from the one an unprobed trace reads, which was enough to change this model's greedy
+    thinking (2 of 20 problems diverged from the unprobed run before this commit)."""
+    executor = s.stream_executor
+    executor.backend.commit_lazy_operations(executor)
     fork = s.fork(1)[0]
     fork += suffix
-    fork += sgl.gen("probe", max_tokens=max_tokens, temperature=0)
-    return extract_answer(fork["probe"])
+    fork += sgl.gen("probe", max_tokens=config.probe_tokens, stop=list(config.probe_stop) or None,
+                    temperature=0)
+    return fork["probe"]
 
 
 def decision_dict(decision: StopDecision | None) -> dict | None:
     if decision is None:
         return None
     return {"signal": decision.signal, "at_token": decision.at_token, "reason": decision.reason,
-            "drop": decision.drop}
+            "drop": decision.drop, "answer_from_probe": decision.answer_text is not None}

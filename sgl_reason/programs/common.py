@@ -29,7 +29,8 @@ class Sample(BaseModel):
     forced: bool = False  # thinking hit its budget and was closed by budget forcing
     finish_reason: str | None = None
     score: float | None = None  # verifier score (best_of_n) or confidence weight
-    # early stop: {"signal", "at_token", "reason", "drop"} when a signal ended this trace
+    # early stop: {"signal", "at_token", "reason", "drop", "answer_from_probe"} when a signal
+    # ended this trace
     stopped: dict | None = None
 
 

@@ -22,7 +22,7 @@ import sglang as sgl
 
 from sgl_reason.backend import OUTPUT_IDS_KEY, ReasonBackend, set_request_extras
 from sgl_reason.early_stop import EarlyStop
-from sgl_reason.programs.chunked import decision_dict, generate_chunked, probe_answer
+from sgl_reason.programs.chunked import decision_dict, generate_chunked, probe_text
 from sgl_reason.profiles import ModelProfile, Sampling
 from sgl_reason.programs.budget import BudgetForcingProcessor, ThinkingBudget
 from sgl_reason.programs.common import (
@@ -88,13 +88,19 @@ def _chunked(s, plan: ThinkPlan) -> Sample:
     suffix = profile.think_end + ("" if not profile.native_thinking else profile.answer_probe)
     thinking, used, closed, decision = generate_chunked(
         s, "thinking", b.thinking_tokens, _stops(profile), plan.sampling, signal, config,
-        probe=lambda st: probe_answer(st, suffix, config.probe_tokens),
+        probe=lambda st: probe_text(st, suffix, config),
         before_chunk=lambda st: mask_eos_in_thinking(st, plan),
     )
     stopped = decision_dict(decision)
     if decision is not None and decision.drop:
         return Sample(text=thinking, thinking=thinking, answer_text="", answer=None,
                       thinking_tokens=used, stopped=stopped, score=0.0)
+    if decision is not None and decision.answer_text is not None:  # the settled probe answers
+        return Sample(
+            text=thinking + suffix + decision.answer_text, thinking=thinking,
+            answer_text=decision.answer_text, answer=extract_answer(decision.answer_text),
+            thinking_tokens=used, answer_tokens=0, stopped=stopped,
+        )
     s += profile.think_end
     s += sgl.gen("answer", max_tokens=b.max_answer_tokens, **plan.sampling)
     answer_text, meta = s["answer"], s.get_meta_info("answer")

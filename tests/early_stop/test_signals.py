@@ -9,6 +9,7 @@ from sgl_reason.early_stop import EarlyStop, token_entropies
 from sgl_reason.early_stop.consensus import ConsensusSignal, beta_majority_mass
 from sgl_reason.profiles import Sampling
 from sgl_reason.programs import ThinkingBudget, self_consistency, think_then_answer
+from sgl_reason.vote import normalize_answer
 
 QUESTION = "Tom has 3 boxes with 4 apples each. He eats 2 apples. How many apples are left?"
 BUDGET = ThinkingBudget(max_thinking_tokens=96, max_answer_tokens=8)
@@ -27,8 +28,10 @@ def test_chunked_thinking_prefills_only_the_prompt_once(fresh_cache):
     assert cost.requests == 7
     prompt = 53  # 45-token chat prompt + "Let's think step by step.\n"
     marker = result.info["marker_tokens"]
-    # prompt once, the marker before the answer, and at most 2 seam tokens per request
-    assert cost.computed_prefill_tokens <= prompt + marker + 2 * cost.requests, cost
+    # the prompt once; then each request continues the model's own tokens (token-exact), so
+    # it prefills its one seam token (the last token decoded, whose KV no request computed yet)
+    # and, for the answer, the marker
+    assert cost.computed_prefill_tokens == prompt + (cost.requests - 1) + marker, cost
 
 
 @pytest.mark.server
@@ -50,14 +53,22 @@ def test_probes_reuse_the_cached_thinking(fresh_cache):
                                sampling=GREEDY, early_stop=config)
     sample, cost = result.samples[0], result.cost
     chunks = -(-sample.thinking_tokens // 16)
-    probes = cost.requests - chunks - 1
-    assert probes >= 2
+    answered_by_probe = sample.stopped is not None and sample.stopped["answer_from_probe"]
+    answers = 0 if answered_by_probe else 1
+    probes = (cost.requests - chunks - answers) // 2  # each probe: a seam commit + the probe
+    assert probes >= 2 and cost.requests == chunks + 2 * probes + answers
     marker = result.info["marker_tokens"]
-    # a probe prefills only its own suffix (the marker) plus a seam token or two
-    assert cost.computed_prefill_tokens <= 53 + marker * (probes + 1) + 2 * cost.requests, cost
+    # the prompt once; one seam token per later chunk and per probe's commit; the marker for
+    # every probe (and the seam and marker of the answer, if one was asked): a probe prefills
+    # nothing of the thinking it forks from
+    expected = 53 + (chunks - 1) + probes * (1 + marker) + answers * (1 + marker)
+    assert cost.computed_prefill_tokens == expected, cost
     if sample.stopped is not None:
         assert sample.thinking_tokens < BUDGET.thinking_tokens
         assert "consecutive probes" in sample.stopped["reason"]
+        # the settled probe is the answer: no answer request, its tokens are the probe's
+        assert answered_by_probe and sample.answer_tokens == 0 and sample.answer is not None
+        assert sample.stopped["reason"].endswith(repr(normalize_answer(sample.answer)))
     else:
         assert sample.thinking_tokens == BUDGET.thinking_tokens
 
