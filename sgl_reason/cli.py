@@ -244,6 +244,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--limit", type=int, default=50, help="problems (seed 0)")
     b.add_argument("--budget", type=int, default=96, help="thinking budget in tokens")
     b.add_argument("--chunk", type=int, default=16, help="tokens per checked chunk")
+    b.add_argument("--concurrency", type=int, default=1,
+                   help="problems in flight (1: bit-reproducible rows, see docs/benchmarks.md)")
     b = benches.add_parser("fp8-kv", help="16-bit vs per-tensor vs per-token FP8 KV")
     b.add_argument("--tokens", type=int, default=1000, help="teacher-forced sequence length (about)")
     b = benches.add_parser("thinking-kv", help="stock vs each thinking-KV policy at a fixed pool")

@@ -9,6 +9,12 @@ On a seeded reasoning-gym set, in one process against one server, greedy decodin
 
 Tokens are everything decoded for a problem (thinking, probes, answer). ``tokens_saved`` is
 1 - tokens / full tokens; ``agreement_with_full`` compares the final answers problem by problem.
+
+Every row starts from an empty radix cache and, by default, runs one problem at a time: then
+greedy decoding is bit-reproducible here (``full`` run twice agrees 1.00), so the agreement
+column measures the signals and nothing else. Concurrent rows batch differently and a bf16
+prefill split at a cached prefix rounds differently, which alone flipped 12-16% of this weak
+model's answers (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -51,11 +57,12 @@ def _row(problems, results, reference=None) -> dict:
 
 
 def run(backend, dataset: str = "basic_arithmetic", limit: int = 50, budget: int = 96,
-        chunk: int = 16, n: int = 8, concurrency: int = 8) -> dict:
+        chunk: int = 16, n: int = 8, concurrency: int = 1) -> dict:
     problems = load(f"reasoning-gym:{dataset}?size={limit}&seed=0")
     think = ThinkingBudget(max_thinking_tokens=budget, max_answer_tokens=16, mode="two")
 
     def over(fn):
+        backend.flush_cache()  # every row starts from the same (empty) cache
         with ThreadPoolExecutor(max_workers=concurrency) as pool:
             return list(pool.map(fn, problems))
 
@@ -84,7 +91,7 @@ def run(backend, dataset: str = "basic_arithmetic", limit: int = 50, budget: int
     for row in (full, sc_full):
         row.pop("_results")
     return {"dataset": dataset, "problems": len(problems), "thinking_budget": budget,
-            "chunk_tokens": chunk, "model": backend.get_model_name(),
+            "chunk_tokens": chunk, "concurrency": concurrency, "model": backend.get_model_name(),
             "full": full, "self_consistency_full": {**sc_full, "n": n}, "signals": signals}
 
 
@@ -108,7 +115,7 @@ def main(args) -> int:
 
     with backend_for(args.url, args.server_arg) as backend:
         report = run(backend, dataset=args.dataset, limit=args.limit, budget=args.budget,
-                     chunk=args.chunk)
+                     chunk=args.chunk, concurrency=args.concurrency)
     print(table(report))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))
