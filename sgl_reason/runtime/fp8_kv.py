@@ -15,8 +15,10 @@ those. Pool sizing counts the scale bytes (the cell-size hook below), so a memor
 the true number of tokens.
 
 Supported: the torch_native attention backend (CPU), with the radix cache, forks and the
-plugin's CPU attention. The Triton GPU path is not implemented: launching it fails with the
-list of what is supported.
+plugin's CPU attention; and SGLang's Triton backend (GPU) through the kernel in
+:mod:`sgl_reason.runtime.triton_fp8`, which dequantizes inside the kernel (tested under the
+Triton interpreter on CPU, not yet run on a GPU), with CUDA graphs off. Anything else fails at
+launch with the list of what is supported.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ MODES = ("per-tensor", "per-token")
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
 SCALE_DTYPE = torch.bfloat16
-SUPPORTED = {"kv_cache_dtype": ("fp8_e4m3",), "attention_backend": ("torch_native",)}
+SUPPORTED = {"kv_cache_dtype": ("fp8_e4m3",), "attention_backend": ("torch_native", "triton")}
 
 
 def mode() -> str:
@@ -205,11 +207,14 @@ def validate(server_args) -> None:
     backend = server_args.attention_backend
     if backend not in SUPPORTED["attention_backend"]:
         problems.append(f"--attention-backend {backend}")
+    if backend == "triton" and not server_args.disable_cuda_graph:
+        problems.append("CUDA graphs (add --disable-cuda-graph)")
     if problems:
         raise ValueError(
             f"--kv-scale per-token does not support {', '.join(problems)}. Supported: "
-            "--kv-cache-dtype fp8_e4m3 with --attention-backend torch_native (CPU). The Triton "
-            "GPU path is not implemented yet; use --kv-scale per-tensor there."
+            "--kv-cache-dtype fp8_e4m3 with --attention-backend torch_native (CPU) or "
+            "--attention-backend triton --disable-cuda-graph (GPU); elsewhere use --kv-scale "
+            "per-tensor."
         )
 
 

@@ -4,7 +4,7 @@ Two plugins, so that either can be left out with SGLang's allow-list (``SGLANG_P
 
 | entry point      | installs                                                              |
 |------------------|-----------------------------------------------------------------------|
-| ``sgl_reason_cpu`` | CPU attention for torch_native (``cpu_attention``); ``--kv-scale`` and the per-token FP8 KV pool (``fp8_kv``) |
+| ``sgl_reason_cpu`` | CPU attention for torch_native (``cpu_attention``); ``--kv-scale`` and the per-token FP8 KV pool (``fp8_kv``), with its Triton-backend kernel where CUDA exists (``triton_fp8``) |
 | ``sgl_reason``     | thinking-aware KV: the ``sgl-reason`` radix cache backend, ``--thinking-kv-*`` and ``--think-end`` (``thinking_kv``) |
 
 ``SGLANG_PLUGINS=sgl_reason_cpu`` is stock SGLang's scheduling and caching on this project's CPU
@@ -25,10 +25,16 @@ def register_cpu() -> None:
     happens before plugins load; the ``.pth`` hook does that. This re-arms it for processes where
     the hook was disabled or the package is on ``sys.path`` without the ``.pth`` file.
     """
+    import torch
+
     from sgl_reason.runtime import cpu_attention, cpu_compat, fp8_kv
 
     cpu_compat.activate()
     _install(cpu_attention.install, fp8_kv.install)
+    if torch.cuda.is_available():  # the per-token pool's GPU path (SGLang's Triton backend)
+        from sgl_reason.runtime import triton_fp8
+
+        _install(triton_fp8.install)
 
 
 def register() -> None:

@@ -86,10 +86,16 @@ def test_pool_capacity_accounts_for_scales(monkeypatch):
 
 def test_unsupported_combination_lists_what_is_supported(monkeypatch):
     monkeypatch.setenv(fp8_kv.ENV, "per-token")
-    args = SimpleNamespace(kv_cache_dtype="auto", attention_backend="triton")
+    args = SimpleNamespace(kv_cache_dtype="auto", attention_backend="flashinfer", disable_cuda_graph=False)
     with pytest.raises(ValueError, match="Supported: --kv-cache-dtype fp8_e4m3 with --attention-backend torch_native"):
         fp8_kv.validate(args)
-    fp8_kv.validate(SimpleNamespace(kv_cache_dtype="fp8_e4m3", attention_backend="torch_native"))
+    with pytest.raises(ValueError, match=r"does not support CUDA graphs \(add --disable-cuda-graph\)"):
+        fp8_kv.validate(SimpleNamespace(kv_cache_dtype="fp8_e4m3", attention_backend="triton",
+                                        disable_cuda_graph=False))
+    fp8_kv.validate(SimpleNamespace(kv_cache_dtype="fp8_e4m3", attention_backend="torch_native",
+                                    disable_cuda_graph=False))
+    fp8_kv.validate(SimpleNamespace(kv_cache_dtype="fp8_e4m3", attention_backend="triton",
+                                    disable_cuda_graph=True))
 
 
 @pytest.mark.server
