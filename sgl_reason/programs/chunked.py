@@ -57,7 +57,7 @@ def probe_text(s, suffix: str, config: EarlyStop) -> str:
     is the probe forked: otherwise the probe computes it inside its own, longer prefill, the
     radix cache keeps that copy, and every later chunk reads a bf16 KV rounded differently
     from the one an unprobed trace reads, which was enough to change this model's greedy
-    thinking (2 of 20 problems diverged from the unprobed run before this commit)."""
+    thinking (measured without the commit: 2 of 20 problems diverged from the unprobed run)."""
     executor = s.stream_executor
     executor.backend.commit_lazy_operations(executor)
     fork = s.fork(1)[0]
