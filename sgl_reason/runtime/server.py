@@ -194,6 +194,7 @@ class ServerProcess:
         )
         self._reader = threading.Thread(target=self._read_log, daemon=True)
         self._reader.start()
+        _sigterm_unwinds(self, True)
         try:
             self._wait_ready(timeout)
         except BaseException:
@@ -262,10 +263,38 @@ class ServerProcess:
             time.sleep(0.2)
         _signal_group(pgid, signal.SIGKILL)
         self.proc.wait()
+        _sigterm_unwinds(self, False)
         if self._reader is not None:
             self._reader.join(timeout=5)
         if self.proc.stdout is not None:
             self.proc.stdout.close()
+
+
+_LIVE: set[int] = set()  # ids of started servers that rely on the SIGTERM handler below
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _sigterm_unwinds(server: ServerProcess, up: bool) -> None:
+    """While a server started here is up, SIGTERM raises KeyboardInterrupt, as Ctrl-C does.
+
+    A script killed by SIGTERM (``kill``, ``timeout``, a CI runner) otherwise dies without
+    running its ``with`` and ``finally`` blocks, and its server outlives it. Only where the
+    program left SIGTERM at its default and only from the main thread (Python's rule); the
+    default comes back when the last such server stops."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if up:
+        if not _LIVE and signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+            return  # the program handles SIGTERM itself
+        _LIVE.add(id(server))
+        signal.signal(signal.SIGTERM, _raise_interrupt)
+    elif id(server) in _LIVE:
+        _LIVE.discard(id(server))
+        if not _LIVE and signal.getsignal(signal.SIGTERM) is _raise_interrupt:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _signal_group(pgid: int, sig: int) -> None:

@@ -99,3 +99,45 @@ def test_serve_cli_starts_and_stops_on_sigterm():
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         proc.stdout.close()
+
+
+SCRIPT = """
+import time
+from sgl_reason import EmbeddedRuntime
+with EmbeddedRuntime() as rt:
+    print("server", rt.pid, flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_script_sent_sigterm_stops_its_embedded_server():
+    """A plain script (no handler of its own) killed with SIGTERM still runs its ``with`` exit."""
+    proc = subprocess.Popen([sys.executable, "-c", SCRIPT], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+    server = None
+    try:
+        line = proc.stdout.readline()  # blocks until the server is ready (or the script died)
+        assert line.startswith("server "), f"the script did not start a server: {line!r}"
+        server = int(line.split()[1])
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=90)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and _group_alive(server):
+            time.sleep(0.5)
+        assert not _group_alive(server), "the embedded server outlived its script"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        if server is not None and _group_alive(server):
+            os.killpg(server, signal.SIGKILL)
+        proc.stdout.close()
+
+
+def _group_alive(pgid: int) -> bool:
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if os.getpgid(p.pid) == pgid and p.status() != psutil.STATUS_ZOMBIE:
+                return True
+        except (ProcessLookupError, psutil.Error):
+            continue
+    return False
