@@ -9,7 +9,11 @@ and mean KL of the next-token distributions against the same model with unrounde
 - fp32 model: K/V rounded to bf16 (the 16-bit baseline's own rounding) vs per-token e4m3;
 - bf16 model: per-token e4m3 (``fp8_kv.quantize``); the same after subtracting a per-channel
   K/V mean calibrated on another text (exact to add back); the same with each row's scale
-  chosen among 8 fractional powers of two for the least squared error.
+  chosen among 8 fractional powers of two for the least squared error; K alone and V alone
+  in e4m3 (which one costs the agreement); and an upper bound for smarter rounding of K: each
+  element rounded down or up (its two neighbouring codes) to minimize the expected error of
+  the attention logits, e^T E[q q^T] e, with query moments calibrated on another text, V left
+  unquantized.
 """
 
 from __future__ import annotations
@@ -44,6 +48,34 @@ def best_scale(x: torch.Tensor, candidates: int = 8) -> torch.Tensor:
     return best.to(x.dtype)
 
 
+def shaped_keys(x: torch.Tensor, moments: torch.Tensor, sweeps: int = 8) -> torch.Tensor:
+    """x [B, H, T, D] rounded per row to e4m3 codes that minimize e^T C e (C = ``moments[h]``,
+    the query second moment of KV head h) by greedy coordinate flips between each element's
+    two neighbouring codes, starting from round-to-nearest."""
+    xf = x.float()
+    q, s = fp8_kv.quantize(xf)
+    cur = fp8_kv.dequantize(q, s)
+    bits = q.view(torch.uint8).to(torch.int16)
+    mag, sign = bits & 0x7f, bits & 0x80
+    up = cur.abs() < xf.abs()  # the other neighbour is one code further from zero
+    other_mag = torch.where(up, (mag + 1).clamp(max=0x7e), (mag - 1).clamp(min=0))
+    x_sign = torch.where(xf < 0, 0x80, 0).to(torch.int16)
+    other_code = (torch.where(mag == 0, x_sign, sign) | other_mag).to(torch.uint8).view(fp8_kv.FP8)
+    other = fp8_kv.dequantize(other_code, s)
+    c = moments.float()  # [H, D, D]
+    ce = torch.einsum("hde,bhte->bhtd", c, cur - xf)
+    diag = torch.diagonal(c, dim1=-2, dim2=-1)  # [H, D]
+    for _ in range(sweeps):
+        for d in torch.argsort(diag.mean(0), descending=True).tolist():
+            delta = other[..., d] - cur[..., d]
+            flip = 2 * delta * ce[..., d] + delta ** 2 * diag[None, :, None, d] < 0
+            delta = torch.where(flip, delta, 0.0)
+            ce += delta.unsqueeze(-1) * c[None, :, None, :, d]
+            cur[..., d], other[..., d] = (torch.where(flip, other[..., d], cur[..., d]),
+                                          torch.where(flip, cur[..., d], other[..., d]))
+    return cur.to(x.dtype)
+
+
 def compare(ref: torch.Tensor, out: torch.Tensor) -> str:
     lp, lq = torch.log_softmax(ref, -1), torch.log_softmax(out, -1)
     kl = (lp.exp() * (lp - lq)).sum(-1).mean().item()
@@ -57,12 +89,16 @@ def main() -> None:
     ids = tok(gsm8k_text(0, 1000), return_tensors="pt").input_ids
     calibration = tok(gsm8k_text(600, 1500), return_tensors="pt").input_ids
     stock = modeling_llama.eager_attention_forward
-    state = {"store": None, "means": {}, "record": False}
+    state = {"store": None, "means": {}, "moments": {}, "record": False}
 
     def attention(module, query, key, value, attention_mask, **kwargs):
         if state["record"]:  # [B, H, T, D] -> per-channel mean [1, H, 1, D]
             state["means"][module.layer_idx] = (key.float().mean(2, keepdim=True),
                                                 value.float().mean(2, keepdim=True))
+            # query second moment per KV head, over its query heads and positions: [Hkv, D, D]
+            queries = query.float()[0].reshape(key.shape[1], -1, query.shape[-1])
+            state["moments"][module.layer_idx] = torch.einsum(
+                "htd,hte->hde", queries, queries) / queries.shape[1]
         if state["store"] is not None:
             key, value = state["store"](module.layer_idx, key), state["store"](
                 module.layer_idx, value, v=True)
@@ -94,7 +130,11 @@ def main() -> None:
 
             rows = {"per-token e4m3": lambda i, x, v=False: per_token(x),
                     "minus calibrated channel mean": centered,
-                    "best of 8 scales per row": lambda i, x, v=False: best_scale(x)}
+                    "best of 8 scales per row": lambda i, x, v=False: best_scale(x),
+                    "K only in e4m3": lambda i, x, v=False: x if v else per_token(x),
+                    "V only in e4m3": lambda i, x, v=False: per_token(x) if v else x,
+                    "K logit-error rounding, V 16-bit": lambda i, x, v=False: (
+                        x if v else shaped_keys(x, state["moments"][i]))}
         for label, store in rows.items():
             print(f"{name} model, {label:32s} {compare(ref, logits(lm, store))}")
 

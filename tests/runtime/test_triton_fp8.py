@@ -2,7 +2,8 @@
 
 The kernel is checked against the torch reference (the CPU path's dequantize, softmax in fp32)
 for decode and for extend (causal: each new token sees its prefix and itself), with GQA, slots
-scattered over the pool, sequences that do and do not fill a block, and outlier-heavy K/V.
+scattered over the pool, sequences that do and do not fill a block, and outlier-heavy K/V; and
+the backend wiring (``_attend``) on the real per-token pool, extend then decode.
 
 Triton reads ``TRITON_INTERPRET`` when it is first imported, which in a test session is long
 before any test runs (SGLang imports it), so the kernel checks run in a child process that sets
@@ -60,6 +61,43 @@ def check_kernel_matches_the_torch_reference(extend_lens):
     torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
 
 
+def check_backend_wiring_on_the_real_pool():
+    """``_attend`` as TritonAttnBackend runs it: an extend of two requests writes K/V through
+    the per-token pool (which quantizes), then a decode step; both against the reference over
+    what the pool holds. SimpleNamespace stands in for the backend, layer and batch objects."""
+    from types import SimpleNamespace
+
+    os.environ[fp8_kv.ENV] = "per-token"
+    pool = fp8_kv.pool_class()(size=64, page_size=1, dtype=torch.float8_e4m3fn, head_num=HKV,
+                               head_dim=DIM, layer_num=2, device="cpu", enable_memory_saver=False)
+    backend = SimpleNamespace(token_to_kv_pool=pool)
+    layer = SimpleNamespace(layer_id=1, tp_q_head_num=HQ, qk_head_dim=DIM, v_head_dim=DIM,
+                            scaling=DIM ** -0.5, logit_cap=0.0, sliding_window_size=-1)
+    req_to_token = torch.zeros(2, 16, dtype=torch.int32)
+    req_to_token[0, :5] = torch.tensor([9, 3, 30, 4, 11])
+    req_to_token[1, :7] = torch.tensor([1, 2, 40, 41, 42, 43, 44])
+    g = torch.Generator().manual_seed(5)
+    for decode, seq, new in ((False, [4, 6], [4, 6]), (True, [5, 7], [1, 1])):
+        loc = torch.cat([req_to_token[b, seq[b] - new[b]:seq[b]] for b in range(2)]).long()
+        n = int(loc.numel())
+        batch = SimpleNamespace(req_to_token_pool=SimpleNamespace(req_to_token=req_to_token),
+                                req_pool_indices=torch.tensor([0, 1]), seq_lens=torch.tensor(seq),
+                                extend_seq_lens=torch.tensor(new), out_cache_loc=loc, spec_info=None)
+        q = torch.randn(n, HQ * DIM, generator=g).bfloat16()
+        k, v = (torch.randn(n, HKV, DIM, generator=g).bfloat16() for _ in range(2))
+        got = triton_fp8._attend(backend, q, k, v, layer, batch, True, None, decode)
+        assert got.shape == (n, HQ * DIM) and got.dtype == torch.bfloat16
+        stored = pool.get_key_buffer(1)[loc]  # the new K went to its slots, quantized
+        assert ((stored - k.float()).abs() <= 2 ** -3 * k.float().abs().amax(-1, keepdim=True)).all()
+        ranges = triton_fp8.query_ranges(req_to_token, batch.req_pool_indices, batch.seq_lens,
+                                         None if decode else batch.extend_seq_lens)
+        want = triton_fp8.reference_attention(
+            q.view(n, HQ, DIM), pool.k_buffer[1].view(torch.float8_e4m3fn), pool.token_k_scale[1],
+            pool.v_buffer[1].view(torch.float8_e4m3fn), pool.token_v_scale[1], *ranges, layer.scaling)
+        torch.testing.assert_close(got.float(), want.reshape(n, -1).bfloat16().float(),
+                                   atol=1e-2, rtol=1e-2)
+
+
 def test_query_ranges_are_causal_per_new_token():
     rows = _req_to_token([4, 6], 3)
     kv_indices, start, length = triton_fp8.query_ranges(
@@ -84,8 +122,8 @@ def test_kernel_matches_the_torch_reference_under_the_interpreter():
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     run = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True,
                          check=False, timeout=600)
-    assert run.returncode == 0 and "decode ok" in run.stdout and "extend ok" in run.stdout, \
-        run.stdout + run.stderr
+    assert run.returncode == 0 and "decode ok" in run.stdout and "extend ok" in run.stdout \
+        and "wiring ok" in run.stdout, run.stdout + run.stderr
 
 
 if __name__ == "__main__":
@@ -93,3 +131,5 @@ if __name__ == "__main__":
     for name, lens in (("decode", None), ("extend", [3, 1, 33])):
         check_kernel_matches_the_torch_reference(lens)
         print(name, "ok")
+    check_backend_wiring_on_the_real_pool()
+    print("wiring ok")
