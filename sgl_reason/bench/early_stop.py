@@ -5,6 +5,7 @@ On a seeded reasoning-gym set, in one process against one server, greedy decodin
 - ``full``: think_then_answer with the whole thinking budget, chunked like the signals (the
   ``none`` signal), so that only the stop differs;
 - ``entropy``, ``probe``, ``confidence``: the same with the signal watching chunked thinking;
+  ``probe_agree3`` is ``probe`` needing 3 consecutive equal probes instead of 2;
 - ``self_consistency`` (n samples, temperature sampling) full vs ``consensus``.
 
 Tokens are everything decoded for a problem (thinking, probes, answer). ``tokens_saved`` is
@@ -72,8 +73,9 @@ def run(backend, dataset: str = "basic_arithmetic", limit: int = 50, budget: int
     full = _row(problems, full_results)
     full["_results"] = full_results
     signals = {}
-    for name in ("entropy", "probe", "confidence"):
-        config = EarlyStop(signal=name, chunk_tokens=chunk, window=chunk)
+    rows = {"entropy": {}, "probe": {}, "probe_agree3": {"probe_agree": 3}, "confidence": {}}
+    for name, knobs in rows.items():
+        config = EarlyStop(signal=name.split("_")[0], chunk_tokens=chunk, window=chunk, **knobs)
         results = over(lambda p, c=config: think_then_answer(
             p.question, budget=think, backend=backend, sampling=GREEDY, early_stop=c))
         signals[name] = _row(problems, results, full)
