@@ -1,10 +1,14 @@
-"""How reproducible is the early-stop bench's agreement column? ``full`` twice, then ``probe``.
+"""How reproducible is the early-stop bench's agreement column? ``full`` three times.
 
     .venv/bin/python benchmarks/early_stop_noise.py [--concurrency 1] [--limit 50]
 
-One embedded server, the bench's think-then-answer setup (budget 96, chunks of 16, greedy). The
-second ``full`` run is identical to the first except that its prompts are now in the radix
-cache, so its agreement with the first is the column's noise floor at this concurrency.
+One embedded server, the bench's think-then-answer setup (budget 96, chunks of 16, greedy):
+
+- ``full`` from an empty cache;
+- ``full`` again, its prompts now in the radix cache (how the bench ran before it flushed);
+- ``full`` again after a flush (how ``sgl-reason bench early-stop`` runs every row).
+
+Each repeat's agreement with the first is the noise floor of the column under that regime.
 """
 
 from __future__ import annotations
@@ -28,19 +32,21 @@ def main() -> None:
     args = parser.parse_args()
     problems = load(f"reasoning-gym:basic_arithmetic?size={args.limit}&seed=0")
     think = ThinkingBudget(max_thinking_tokens=BUDGET, max_answer_tokens=16, mode="two")
+    config = EarlyStop(signal="none", chunk_tokens=CHUNK, window=CHUNK)
     with EmbeddedRuntime() as rt:
-        def run(signal: str) -> list:
-            config = EarlyStop(signal=signal, chunk_tokens=CHUNK, window=CHUNK)
+        def run() -> list:
             with ThreadPoolExecutor(max_workers=args.concurrency) as pool:
                 return list(pool.map(lambda p: think_then_answer(
                     p.question, budget=think, backend=rt.endpoint, sampling=GREEDY,
                     early_stop=config), problems))
 
-        full = _row(problems, first := run("none"))
+        rt.flush_cache()
+        full = _row(problems, first := run())
         full["_results"] = first
-        print("full      ", {k: v for k, v in full.items() if k != "_results"})
-        print("full again", _row(problems, run("none"), full))
-        print("probe     ", _row(problems, run("probe"), full))
+        print("full                 ", {k: v for k, v in full.items() if k != "_results"})
+        print("again, prompts cached", _row(problems, run(), full))
+        rt.flush_cache()
+        print("again, after a flush ", _row(problems, run(), full))
 
 
 if __name__ == "__main__":

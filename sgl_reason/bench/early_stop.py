@@ -64,8 +64,11 @@ def run(backend, dataset: str = "basic_arithmetic", limit: int = 50, budget: int
 
     def over(fn):
         backend.flush_cache()  # every row starts from the same (empty) cache
-        with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        pool = ThreadPoolExecutor(max_workers=concurrency)
+        try:
             return list(pool.map(fn, problems))
+        finally:  # on Ctrl-C / SIGTERM, finish only the problems in flight, not the whole row
+            pool.shutdown(wait=True, cancel_futures=True)
 
     baseline = EarlyStop(signal="none", chunk_tokens=chunk, window=chunk)
     full_results = over(lambda p: think_then_answer(p.question, budget=think, backend=backend,
