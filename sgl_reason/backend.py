@@ -81,9 +81,23 @@ class ReasonBackend(RuntimeEndpoint):
         self._assert_success(res)
         return list(res.json()["tokens"])
 
-    def _prompt_ids(self, s: StreamExecutor) -> list[int]:
+    @functools.cached_property
+    def token_exact(self) -> bool:
+        """Whether the endpoint tokenizes (a server does; sglang-router has no ``/tokenize``
+        and routes by text, so through it requests keep sending text)."""
+        try:
+            self.tokenize("a")
+            return True
+        except Exception:  # noqa: BLE001  (any failure: fall back to text, logged)
+            logger.info("%s has no /tokenize: requests send text, not token ids", self.base_url)
+            return False
+
+    def _prompt_ids(self, s: StreamExecutor) -> list[int] | None:
         """The state's text as token ids: the last request's ids, then the new text tokenized.
-        A state with no usable history is tokenized whole, as the server would tokenize it."""
+        A state with no usable history is tokenized whole, as the server would tokenize it.
+        None where ids cannot be used (images, an endpoint without ``/tokenize``)."""
+        if s.images_ or not self.token_exact:
+            return None
         text = s.text_
         known = s.variables.get(_IDS_VAR)
         if known is not None and text.startswith(known[0]):
@@ -109,19 +123,18 @@ class ReasonBackend(RuntimeEndpoint):
         return self._post_generate(data)
 
     def commit_lazy_operations(self, s: StreamExecutor):
-        if s.images_:  # images go with text; SGLang expands their tokens itself
-            self._generate_http_request(s, {"text": s.text_, "sampling_params": {"max_new_tokens": 0}})
-            return
         ids = self._prompt_ids(s)
-        self._generate_http_request(s, {"input_ids": ids, "sampling_params": {"max_new_tokens": 0}})
-        self._remember(s, s.text_, ids)
+        prompt = {"text": s.text_} if ids is None else {"input_ids": ids}
+        self._generate_http_request(s, {**prompt, "sampling_params": {"max_new_tokens": 0}})
+        if ids is not None:
+            self._remember(s, s.text_, ids)
 
     def fill_image(self, s: StreamExecutor):
         self.commit_lazy_operations(s)
 
     def generate(self, s: StreamExecutor, sampling_params: SglSamplingParams):
         self._handle_dtype_to_regex(sampling_params)
-        ids = None if s.images_ else self._prompt_ids(s)
+        ids = self._prompt_ids(s)  # None: send text (images, no /tokenize)
         data = {
             **({"text": s.text_} if ids is None else {"input_ids": ids}),
             "sampling_params": {
