@@ -235,18 +235,7 @@ class ServerProcess:
 
     def group_pids(self) -> list[int]:
         """Pids of processes still alive in the server's process group."""
-        if self.proc is None:
-            return []
-        import psutil
-
-        pids = []
-        for p in psutil.process_iter(["pid"]):
-            try:
-                if os.getpgid(p.pid) == self.proc.pid and p.status() != psutil.STATUS_ZOMBIE:
-                    pids.append(p.pid)
-            except (ProcessLookupError, psutil.Error):
-                continue
-        return pids
+        return [] if self.proc is None else group_pids(self.proc.pid)
 
     def stop(self, grace: float = 20.0) -> None:
         """SIGTERM the group, wait for it to drain, then SIGKILL whatever is left."""
@@ -295,6 +284,20 @@ def _sigterm_unwinds(server: ServerProcess, up: bool) -> None:
         _LIVE.discard(id(server))
         if not _LIVE and signal.getsignal(signal.SIGTERM) is _raise_interrupt:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def group_pids(pgid: int) -> list[int]:
+    """Pids of live (not zombie) processes in process group ``pgid``."""
+    import psutil
+
+    pids = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if os.getpgid(p.pid) == pgid and p.status() != psutil.STATUS_ZOMBIE:
+                pids.append(p.pid)
+        except (ProcessLookupError, psutil.Error):
+            continue
+    return pids
 
 
 def _signal_group(pgid: int, sig: int) -> None:

@@ -171,9 +171,13 @@ def _attend(backend, q, k, v, layer, forward_batch, save_kv_cache, sinks, decode
     if save_kv_cache and k is not None:
         pool.set_kv_buffer(layer, forward_batch.out_cache_loc, k, v)
     i = layer.layer_id - pool.start_layer
-    kv_indices, kv_start, kv_len = query_ranges(
-        forward_batch.req_to_token_pool.req_to_token, forward_batch.req_pool_indices,
-        forward_batch.seq_lens, None if decode else forward_batch.extend_seq_lens)
+    ranges = getattr(forward_batch, "_sgl_reason_fp8_ranges", None)
+    if ranges is None:  # once per forward, not once per layer
+        ranges = query_ranges(
+            forward_batch.req_to_token_pool.req_to_token, forward_batch.req_pool_indices,
+            forward_batch.seq_lens, None if decode else forward_batch.extend_seq_lens)
+        forward_batch._sgl_reason_fp8_ranges = ranges
+    kv_indices, kv_start, kv_len = ranges
     hq, dim = layer.tp_q_head_num, layer.qk_head_dim
     out = fp8_paged_attention(
         q.reshape(-1, hq, dim), pool.k_buffer[i], pool.token_k_scale[i], pool.v_buffer[i],

@@ -13,6 +13,7 @@ import pytest
 import requests
 
 from sgl_reason import EmbeddedRuntime, RequestError, ServerStartError
+from sgl_reason.runtime.server import group_pids
 
 pytestmark = pytest.mark.server
 
@@ -122,22 +123,13 @@ def test_a_script_sent_sigterm_stops_its_embedded_server():
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=90)
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and _group_alive(server):
+        while time.monotonic() < deadline and group_pids(server):
             time.sleep(0.5)
-        assert not _group_alive(server), "the embedded server outlived its script"
+        assert not group_pids(server), "the embedded server outlived its script"
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-        if server is not None and _group_alive(server):
+        if server is not None and group_pids(server):
             os.killpg(server, signal.SIGKILL)
         proc.stdout.close()
 
-
-def _group_alive(pgid: int) -> bool:
-    for p in psutil.process_iter(["pid"]):
-        try:
-            if os.getpgid(p.pid) == pgid and p.status() != psutil.STATUS_ZOMBIE:
-                return True
-        except (ProcessLookupError, psutil.Error):
-            continue
-    return False
