@@ -6,6 +6,9 @@ On a seeded reasoning-gym set, in one process against one server, greedy decodin
   ``none`` signal), so that only the stop differs;
 - ``entropy``, ``probe``, ``confidence``: the same with the signal watching chunked thinking;
   ``probe_agree3`` is ``probe`` needing 3 consecutive equal probes instead of 2;
+  ``probe_confident`` is ``probe`` counting only probes whose mean token probability is >= 0.4,
+  read within 8 tokens (chosen on seed 1 with ``benchmarks/early_stop_trajectories.py``; the
+  bench reports seed 0);
 - ``self_consistency`` (n samples, temperature sampling) full vs ``consensus``.
 
 Tokens are everything decoded for a problem (thinking, probes, answer). ``tokens_saved`` is
@@ -76,7 +79,8 @@ def run(backend, dataset: str = "basic_arithmetic", limit: int = 50, budget: int
     full = _row(problems, full_results)
     full["_results"] = full_results
     signals = {}
-    rows = {"entropy": {}, "probe": {}, "probe_agree3": {"probe_agree": 3}, "confidence": {}}
+    rows = {"entropy": {}, "probe": {}, "probe_agree3": {"probe_agree": 3},
+            "probe_confident": {"probe_confidence": 0.4, "probe_tokens": 8}, "confidence": {}}
     for name, knobs in rows.items():
         config = EarlyStop(signal=name.split("_")[0], chunk_tokens=chunk, window=chunk, **knobs)
         results = over(lambda p, c=config: think_then_answer(

@@ -29,6 +29,8 @@ class EarlyStop(BaseModel):
     probe_tokens: int = Field(16, ge=1)  # probe: tokens a probe may generate
     probe_stop: tuple[str, ...] = ("\n",)  # probe: the answer is read up to these strings
     probe_agree: int = Field(2, ge=2)  # probe: consecutive equal probe answers needed
+    # probe: a probe's answer counts only if its tokens' geometric-mean probability is >= this
+    probe_confidence: float = Field(0.0, ge=0.0, lt=1.0)
     answer_from_probe: bool = True  # probe: the settled probe is the answer (no answer request)
     batch: int = Field(4, ge=2)  # consensus: samples per window
     confidence_level: float = Field(0.95, gt=0.5, lt=1.0)  # consensus: Beta posterior mass
@@ -64,6 +66,21 @@ class EarlyStop(BaseModel):
         return SIGNALS[self.signal](self)
 
 
+@dataclass(frozen=True)
+class Probe:
+    """A probe's completion: its text, its tokens' logprobs, and whether it ended at a
+    ``probe_stop`` string (or EOS) rather than at ``probe_tokens``."""
+
+    text: str
+    logprobs: tuple[float, ...] = ()
+    finished: bool = True
+
+    @property
+    def confidence(self) -> float:
+        """Geometric-mean probability of its tokens (1.0 when the server returned none)."""
+        return math.exp(sum(self.logprobs) / len(self.logprobs)) if self.logprobs else 1.0
+
+
 @dataclass
 class Chunk:
     """One generated chunk of a trace, as a signal sees it."""
@@ -72,7 +89,7 @@ class Chunk:
     tokens_so_far: int  # trace tokens including this chunk
     logprobs: list[float] = field(default_factory=list)  # chosen tokens
     top_logprobs: list[list[float]] = field(default_factory=list)  # per token, top-k
-    probe: Callable[[], str] | None = None  # forks a probe off the trace: its completion text
+    probe: Callable[[], Probe] | None = None  # forks a probe off the trace and reads it
 
 
 @dataclass(frozen=True)

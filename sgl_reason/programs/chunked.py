@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sglang as sgl
 
-from sgl_reason.early_stop import Chunk, EarlyStop, Signal, StopDecision
+from sgl_reason.early_stop import Chunk, EarlyStop, Probe, Signal, StopDecision
 
 
 def _logprobs(meta: dict) -> tuple[list[float], list[list[float]]]:
@@ -20,7 +20,7 @@ def _logprobs(meta: dict) -> tuple[list[float], list[list[float]]]:
 
 def generate_chunked(s, name: str, max_tokens: int, stops: list[str] | None, sampling: dict,
                      signal: Signal, config: EarlyStop, probe=None, before_chunk=None):
-    """Returns (text, tokens, closed_by_model, decision). ``probe(s)`` -> completion, for ``probe``;
+    """Returns (text, tokens, closed_by_model, decision). ``probe(s)`` -> :class:`Probe`;
     ``before_chunk(s)`` runs before each chunk request (e.g. to attach request extras)."""
     used, parts, k = 0, [], 0
     extra = {"return_logprob": True, "top_logprobs_num": config.top_k} if signal.needs_logprobs else {}
@@ -49,8 +49,9 @@ def generate_chunked(s, name: str, max_tokens: int, stops: list[str] | None, sam
     return "".join(parts), used, False, None
 
 
-def probe_text(s, suffix: str, config: EarlyStop) -> str:
-    """Fork the trace, close it with ``suffix`` and read a short greedy answer: its text.
+def probe_text(s, suffix: str, config: EarlyStop) -> Probe:
+    """Fork the trace, close it with ``suffix`` and read a short greedy answer (with its tokens'
+    logprobs, and whether it ended at a ``probe_stop`` string rather than at the token limit).
 
     The trace's newest token has no KV yet (no request has read it). It is committed alone
     first (a ``max_new_tokens=0`` request), as the next chunk would prefill it, and only then
@@ -63,8 +64,11 @@ def probe_text(s, suffix: str, config: EarlyStop) -> str:
     fork = s.fork(1)[0]
     fork += suffix
     fork += sgl.gen("probe", max_tokens=config.probe_tokens, stop=list(config.probe_stop) or None,
-                    temperature=0)
-    return fork["probe"]
+                    temperature=0, return_logprob=True)
+    text, meta = fork["probe"], fork.get_meta_info("probe")
+    logprobs, _ = _logprobs(meta)
+    cut = meta["finish_reason"]["type"] == "length" and bool(config.probe_stop)
+    return Probe(text, tuple(logprobs), finished=not cut)
 
 
 def decision_dict(decision: StopDecision | None) -> dict | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from sgl_reason.early_stop import EarlyStop, token_entropies
+from sgl_reason.early_stop import Chunk, EarlyStop, Probe, token_entropies
 from sgl_reason.early_stop.consensus import ConsensusSignal, beta_majority_mass
 from sgl_reason.profiles import Sampling
 from sgl_reason.programs import ThinkingBudget, self_consistency, think_then_answer
@@ -74,6 +74,46 @@ def test_probes_reuse_the_cached_thinking(fresh_cache):
 
 
 @pytest.mark.server
+def test_probes_cut_before_their_line_ends_never_settle(fresh_cache):
+    # one token cannot hold an answer and its newline: every probe is cut, none counts
+    config = EarlyStop(signal="probe", chunk_tokens=16, window=16, probe_tokens=1)
+    result = think_then_answer(QUESTION, budget=BUDGET, backend=fresh_cache.endpoint,
+                               sampling=GREEDY, early_stop=config)
+    sample, cost = result.samples[0], result.cost
+    assert sample.stopped is None and sample.thinking_tokens == BUDGET.thinking_tokens
+    probes = BUDGET.thinking_tokens // 16 - 1  # after every chunk but the last
+    assert cost.decode_tokens == sample.thinking_tokens + probes * 1 + sample.answer_tokens
+
+
+def _fed(config: EarlyStop, probes: list[Probe]):
+    """The probe signal's decisions over chunks of 16 whose probes return ``probes``."""
+    signal = config.build()
+    return [signal.observe(Chunk(text="", tokens_so_far=16 * (i + 1), probe=lambda p=p: p))
+            for i, p in enumerate(probes)]
+
+
+def test_probe_counts_only_finished_confident_answers():
+    import math
+
+    sure, unsure = (math.log(0.9),) * 3, (math.log(0.9), math.log(0.1), math.log(0.9))
+    assert Probe(" 12", sure).confidence == pytest.approx(0.9)
+    assert Probe(" 12", unsure).confidence == pytest.approx((0.9 * 0.1 * 0.9) ** (1 / 3))
+    assert Probe(" 12").confidence == 1.0  # no logprobs returned: nothing to judge by
+    plain = EarlyStop(signal="probe", chunk_tokens=16)
+    decisions = _fed(plain, [Probe(" 12", unsure), Probe(" 12", unsure)])
+    assert decisions[0] is None and decisions[1].at_token == 32
+    assert decisions[1].answer_text == " 12"
+    # a probe cut at probe_tokens states no answer, and breaks the run of equal ones
+    cut = _fed(plain, [Probe(" 12", sure), Probe(" 12", sure, finished=False), Probe(" 12", sure)])
+    assert cut == [None, None, None]
+    strict = EarlyStop(signal="probe", chunk_tokens=16, probe_confidence=0.5)
+    decisions = _fed(strict, [Probe(" 12", sure), Probe(" 12", unsure), Probe(" 12", sure),
+                              Probe(" 12", sure)])
+    assert decisions[:3] == [None, None, None] and decisions[3].at_token == 64
+    assert "mean token probability >= 0.5" in decisions[3].reason
+
+
+@pytest.mark.server
 def test_confidence_drops_low_confidence_traces(runtime):
     strict = EarlyStop(signal="confidence", chunk_tokens=8, window=8, threshold=100.0)
     result = self_consistency(QUESTION, n=3, max_tokens=32, backend=runtime.endpoint,
@@ -124,6 +164,8 @@ def test_bad_input_names_the_fix():
         EarlyStop(signal="confidence", threshold=0.0)
     with pytest.raises(ValidationError):
         EarlyStop(signal="consensus", confidence_level=1.5)
+    with pytest.raises(ValidationError, match="probe_confidence"):
+        EarlyStop(signal="probe", probe_confidence=1.0)
     with pytest.raises(ValueError, match="window=200 is larger than the thinking budget"):
         EarlyStop(signal="entropy", window=200).check_budget(96)
     with pytest.raises(ValueError, match="consensus signal stops sampling"):
