@@ -14,9 +14,11 @@ the full answer, the bench's accounting. Use it to choose a rule on one seed, th
 rule with ``sgl-reason bench early-stop`` on another (the bench uses seed 0).
 
 Caveat, measured: the trace is the same whatever is probed, but not whatever the chunk size.
-Chunks of 8 and of 16 split the bf16 computation at different tokens; on seed 1 one problem
-in 50 diverged late in its thinking. Replaying chunks of 16 from a chunk-8 recording is
-therefore close to, not exactly, a chunk-16 run.
+Each chunk boundary computes one token's KV in a one-token prefill instead of a decode step, and
+bf16 rounds the two differently: on seed 1, chunks of 8 and of 16 gave different thinking on 11
+of 50 problems (from the first boundaries on) and different full answers on 3. Replay a chunk
+size from a recording at that size; replaying chunks of 16 from a chunk-8 recording (every
+other probe) is an approximation.
 """
 
 from __future__ import annotations

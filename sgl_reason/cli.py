@@ -65,6 +65,17 @@ def _cmd_serve(args: argparse.Namespace, sglang_args: list[str]) -> int:
         server.stop()
 
 
+def _options(pairs: list[str]) -> dict[str, str]:
+    """``KEY=VALUE`` strings as keyword arguments (pydantic converts and validates the values)."""
+    options = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"{pair!r} is not KEY=VALUE: write e.g. probe_confidence=0.4")
+        options[key.strip().replace("-", "_")] = value.strip()
+    return options
+
+
 def _int_or_tier(value: str) -> int | str:
     from sgl_reason.programs.budget import TIERS
 
@@ -124,11 +135,14 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         print("sgl-reason: error: --early-stop applies to self_consistency and "
               "think_then_answer, not best_of_n", file=sys.stderr)
         return 2
+    if args.early_stop_option and not args.early_stop:
+        print("sgl-reason: error: --early-stop-option needs --early-stop SIGNAL", file=sys.stderr)
+        return 2
     if args.early_stop:
         from sgl_reason.early_stop import EarlyStop
 
         try:
-            config = EarlyStop(signal=args.early_stop)
+            config = EarlyStop(signal=args.early_stop, **_options(args.early_stop_option))
             if think is not None and args.early_stop != "consensus":
                 config.check_budget(think.thinking_tokens)
         except ValueError as error:
@@ -223,6 +237,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--early-stop", default=None,
                    help="early-stop signal: entropy, probe, confidence (thinking or branches), "
                    "consensus (self_consistency)")
+    p.add_argument("--early-stop-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="an EarlyStop field, e.g. probe_confidence=0.4 (repeatable)")
     p.add_argument("--concurrency", type=int, default=2, help="problems in flight")
     p.add_argument("--url", default=None, help="a running server (default: start one)")
     p.add_argument("--server-arg", action="append", default=[],

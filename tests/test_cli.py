@@ -105,6 +105,13 @@ def test_bad_early_stop_names_the_choices(tmp_path, capsys):
     assert main(["eval", "--program", "best_of_n", "--data", str(data), "--early-stop",
                  "entropy", "--url", "http://127.0.0.1:9"]) == 2
     assert "not best_of_n" in capsys.readouterr().err
+    base = ["eval", "--program", "think_then_answer", "--data", str(data)]
+    assert main([*base, "--early-stop", "probe", "--early-stop-option", "probe_confidence=1.5"]) == 2
+    assert "probe_confidence" in capsys.readouterr().err
+    assert main([*base, "--early-stop", "probe", "--early-stop-option", "probe_confidence"]) == 2
+    assert "KEY=VALUE" in capsys.readouterr().err
+    assert main([*base, "--early-stop-option", "probe_confidence=0.4"]) == 2
+    assert "needs --early-stop" in capsys.readouterr().err
 
 
 @pytest.mark.server
