@@ -1,9 +1,9 @@
 """Probe trajectories: what the probe says after every chunk of the full-budget trace.
 
-    .venv/bin/python benchmarks/early_stop_trajectories.py --seed 1 --limit 50 --json OUT
+    .venv/bin/python benchmarks/early_stop_trajectories.py --seed 1 --limit 50 --chunk 16 --json OUT
     .venv/bin/python benchmarks/early_stop_trajectories.py --load OUT     # replay only
 
-Probing does not change the trace (``probe_text`` commits the newest token alone before it
+Probing does not change the trace (``run_probe`` commits the newest token alone before it
 forks; greedy decoding from an empty cache is bit-reproducible), so one full-budget run that
 probes every chunk and never stops holds what any ``probe`` rule would see at that chunk size
 or a multiple of it. The script records, per problem, every probe's text, token logprobs and
@@ -46,7 +46,11 @@ def _key(text: str) -> str | None:
 
 @register("record_probes")
 class RecordProbes(Signal):
-    """Probes after every chunk, the last one included, and never stops."""
+    """Probes after every chunk but the last, and never stops: what the ``probe`` signal sees.
+
+    The last chunk is not probed, as the real signal does not probe it: a probe there commits
+    the newest token alone, which rounds the answer request's KV differently from an unprobed
+    run (measured: that moved the full answer on 1 of 50 problems)."""
 
     needs_probe = True
     log: list[dict]  # set per trace by the caller
@@ -57,18 +61,13 @@ class RecordProbes(Signal):
                          "logprobs": list(probe.logprobs), "finished": probe.finished})
         return None
 
-    def record(self, chunk: Chunk) -> StopDecision | None:
-        if chunk.probe is not None:
-            self.observe(chunk)
-        return None
-
 
 def replay(traj: dict, stride: int, agree: int, min_conf: float, probe_tokens: int,
            recorded_tokens: int) -> tuple[int, str | None, bool]:
     """(tokens, answer, stopped) of a ``probe`` rule on one recorded trajectory: a probe every
     ``stride`` recorded chunks, at most ``probe_tokens`` (<= the recorded limit) each."""
     keys, spent = [], 0
-    for i, step in enumerate(traj["probes"][:-1]):  # the real signal never probes the last chunk
+    for i, step in enumerate(traj["probes"]):
         if (i + 1) % stride:
             continue
         n = len(step["logprobs"])
@@ -88,9 +87,7 @@ def replay(traj: dict, stride: int, agree: int, min_conf: float, probe_tokens: i
 def report(trajectories: list[dict], chunk: int, probe_tokens: int) -> None:
     n = len(trajectories)
     full = sum(t["thinking_tokens"] + t["answer_tokens"] for t in trajectories) / n
-    last_agrees = sum(_key(t["probes"][-1]["probe"]) == t["answer"] for t in trajectories) / n
-    print(f"full: {full:.1f} tokens/problem; the probe after the whole budget agrees with the "
-          f"full answer on {last_agrees:.2f}")
+    print(f"full: {full:.1f} tokens/problem")
     rows = []
     grid = itertools.product((1, 2), (2, 3), (0.0, 0.2, 0.3, 0.35, 0.4, 0.45, 0.5, 0.7),
                              (probe_tokens, 8, 6))
@@ -111,7 +108,7 @@ def main() -> None:
     parser.add_argument("--dataset", default="basic_arithmetic")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--limit", type=int, default=50)
-    parser.add_argument("--chunk", type=int, default=8)
+    parser.add_argument("--chunk", type=int, default=16, help="the bench uses 16")
     parser.add_argument("--probe-tokens", type=int, default=16)
     parser.add_argument("--json", help="write the trajectories here")
     parser.add_argument("--load", help="replay trajectories from this file instead of running")
@@ -131,7 +128,7 @@ def main() -> None:
             s = think_then_answer(p.question, budget=think, backend=rt.endpoint,
                                   sampling=GREEDY, early_stop=config).samples[0]
             trajectories.append({
-                "question": p.question, "probes": log, "answer": _key(s.answer or ""),
+                "question": p.question, "probes": log, "answer": _key(s.answer_text),
                 "answer_text": s.answer_text, "thinking_tokens": s.thinking_tokens,
                 "answer_tokens": s.answer_tokens, "thinking": s.thinking,
             })

@@ -32,9 +32,9 @@ class ProbeSignal(Signal):
         last = self.answers[-self.config.probe_agree:]
         if (len(last) == self.config.probe_agree and last[0] is not None and len(set(last)) == 1
                 and chunk.tokens_so_far >= self.config.min_tokens):
-            reason = f"{len(last)} consecutive probes answered {last[0]!r}"
-            if self.config.probe_confidence:
-                reason += f" with mean token probability >= {self.config.probe_confidence}"
+            sure = (f" (mean token probability >= {self.config.probe_confidence})"
+                    if self.config.probe_confidence else "")
+            reason = f"{len(last)} consecutive probes{sure} answered {last[0]!r}"
             return StopDecision("probe", chunk.tokens_so_far, reason,
                                 answer_text=probe.text if self.config.answer_from_probe else None)
         return None

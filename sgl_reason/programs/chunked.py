@@ -49,7 +49,7 @@ def generate_chunked(s, name: str, max_tokens: int, stops: list[str] | None, sam
     return "".join(parts), used, False, None
 
 
-def probe_text(s, suffix: str, config: EarlyStop) -> Probe:
+def run_probe(s, suffix: str, config: EarlyStop) -> Probe:
     """Fork the trace, close it with ``suffix`` and read a short greedy answer (with its tokens'
     logprobs, and whether it ended at a ``probe_stop`` string rather than at the token limit).
 

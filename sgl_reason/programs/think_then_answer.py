@@ -22,7 +22,7 @@ import sglang as sgl
 
 from sgl_reason.backend import OUTPUT_IDS_KEY, ReasonBackend, set_request_extras
 from sgl_reason.early_stop import EarlyStop
-from sgl_reason.programs.chunked import decision_dict, generate_chunked, probe_text
+from sgl_reason.programs.chunked import decision_dict, generate_chunked, run_probe
 from sgl_reason.profiles import ModelProfile, Sampling
 from sgl_reason.programs.budget import BudgetForcingProcessor, ThinkingBudget
 from sgl_reason.programs.common import (
@@ -88,7 +88,7 @@ def _chunked(s, plan: ThinkPlan) -> Sample:
     suffix = profile.think_end + ("" if not profile.native_thinking else profile.answer_probe)
     thinking, used, closed, decision = generate_chunked(
         s, "thinking", b.thinking_tokens, _stops(profile), plan.sampling, signal, config,
-        probe=lambda st: probe_text(st, suffix, config),
+        probe=lambda st: run_probe(st, suffix, config),
         before_chunk=lambda st: mask_eos_in_thinking(st, plan),
     )
     stopped = decision_dict(decision)
