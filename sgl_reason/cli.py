@@ -257,7 +257,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--new-tokens", type=int, default=32)
     b = benches.add_parser("early-stop", help="tokens saved and answers kept by each signal")
     b.add_argument("--dataset", default="basic_arithmetic", help="a reasoning-gym dataset")
-    b.add_argument("--limit", type=int, default=50, help="problems (seed 0)")
+    b.add_argument("--limit", type=int, default=50, help="problems")
+    b.add_argument("--seed", type=int, default=0,
+                   help="reasoning-gym seed; item i is drawn from seed + i, so sets whose seeds "
+                   "are less than --limit apart share problems (use e.g. 0, 1000, 2000)")
     b.add_argument("--budget", type=int, default=96, help="thinking budget in tokens")
     b.add_argument("--chunk", type=int, default=16, help="tokens per checked chunk")
     b.add_argument("--concurrency", type=int, default=1,

@@ -65,7 +65,10 @@ def load_jsonl(path: str | Path) -> list[Problem]:
 
 
 def load_reasoning_gym(spec: str) -> list[Problem]:
-    """``NAME[?size=K&seed=S]`` (defaults: size 50, seed 0), graded by the generator itself."""
+    """``NAME[?size=K&seed=S]`` (defaults: size 50, seed 0), graded by the generator itself.
+
+    reasoning-gym draws item i from seed S + i: sets whose seeds are less than their size apart
+    share problems (seed 1 is seed 0 shifted by one). Held-out sets need seeds far apart."""
     name, _, query = spec.partition("?")
     options = {k: int(v[-1]) for k, v in parse_qs(query).items()}
     import reasoning_gym

@@ -7,8 +7,8 @@ On a seeded reasoning-gym set, in one process against one server, greedy decodin
 - ``entropy``, ``probe``, ``confidence``: the same with the signal watching chunked thinking;
   ``probe_agree3`` is ``probe`` needing 3 consecutive equal probes instead of 2;
   ``probe_confident`` is ``probe`` counting only probes whose mean token probability is >= 0.4,
-  read within 8 tokens (chosen on seed 1 with ``benchmarks/early_stop_trajectories.py``; the
-  bench reports seed 0);
+  read within 8 tokens (chosen with ``benchmarks/early_stop_trajectories.py``, see
+  docs/benchmarks.md);
 - ``self_consistency`` (n samples, temperature sampling) full vs ``consensus``.
 
 Tokens are everything decoded for a problem (thinking, probes, answer). ``tokens_saved`` is
@@ -61,8 +61,8 @@ def _row(problems, results, reference=None) -> dict:
 
 
 def run(backend, dataset: str = "basic_arithmetic", limit: int = 50, budget: int = 96,
-        chunk: int = 16, n: int = 8, concurrency: int = 1) -> dict:
-    problems = load(f"reasoning-gym:{dataset}?size={limit}&seed=0")
+        chunk: int = 16, n: int = 8, concurrency: int = 1, seed: int = 0) -> dict:
+    problems = load(f"reasoning-gym:{dataset}?size={limit}&seed={seed}")
     think = ThinkingBudget(max_thinking_tokens=budget, max_answer_tokens=16, mode="two")
 
     def over(fn):
@@ -99,14 +99,14 @@ def run(backend, dataset: str = "basic_arithmetic", limit: int = 50, budget: int
     signals["consensus"]["samples_drawn"] = sum(r.info["samples_drawn"] for r in results) / len(problems)
     for row in (full, sc_full):
         row.pop("_results")
-    return {"dataset": dataset, "problems": len(problems), "thinking_budget": budget,
+    return {"dataset": dataset, "seed": seed, "problems": len(problems), "thinking_budget": budget,
             "chunk_tokens": chunk, "concurrency": concurrency, "model": backend.get_model_name(),
             "full": full, "self_consistency_full": {**sc_full, "n": n}, "signals": signals}
 
 
 def table(report: dict) -> str:
-    lines = [f"{report['dataset']}, {report['problems']} problems, thinking budget "
-             f"{report['thinking_budget']}, chunks of {report['chunk_tokens']}",
+    lines = [f"{report['dataset']} (seed {report['seed']}), {report['problems']} problems, "
+             f"thinking budget {report['thinking_budget']}, chunks of {report['chunk_tokens']}",
              f"{'run':22} {'tokens':>8} {'saved':>7} {'accuracy':>9} {'agree w/ full':>14}"]
     f = report["full"]
     lines.append(f"{'full (think_then_answer)':22} {f['tokens']:>8} {'':>7} {f['accuracy']:>9.2f} {'':>14}")
@@ -124,7 +124,7 @@ def main(args) -> int:
 
     with backend_for(args.url, args.server_arg) as backend:
         report = run(backend, dataset=args.dataset, limit=args.limit, budget=args.budget,
-                     chunk=args.chunk, concurrency=args.concurrency)
+                     chunk=args.chunk, concurrency=args.concurrency, seed=args.seed)
     print(table(report))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))
