@@ -11,7 +11,9 @@ finish, and the full-budget answer; then it replays a grid of rules offline (chu
 probes needed, ``probe_confidence``, ``probe_tokens``): tokens per problem (thinking up to the
 stop, the probes' completions, and the answer request when no stop fires) and agreement with
 the full answer, the bench's accounting. Use it to choose a rule on one seed, then report the
-rule with ``sgl-reason bench early-stop`` on another (the bench uses seed 0).
+rule on a disjoint one (``sgl-reason bench early-stop --seed``). reasoning-gym draws item i
+from seed + i: seeds closer than ``--limit`` share problems (seed 1 shares 49 of 50 with seed
+0), so use seeds far apart (0, 1000, 2000).
 
 Caveat, measured: the trace is the same whatever is probed, but not whatever the chunk size.
 Each chunk boundary computes one token's KV in a one-token prefill instead of a decode step, and
