@@ -3,10 +3,10 @@
     .venv/bin/python benchmarks/early_stop_trajectories.py --seed 1 --limit 50 --chunk 16 --json OUT
     .venv/bin/python benchmarks/early_stop_trajectories.py --load OUT     # replay only
 
-Probing does not change the trace (``run_probe`` commits the newest token alone before it
-forks; greedy decoding from an empty cache is bit-reproducible), so one full-budget run that
-probes every chunk and never stops holds what any ``probe`` rule would see at that chunk size
-or a multiple of it. The script records, per problem, every probe's text, token logprobs and
+Probing almost never changes the trace (``run_probe`` commits the newest token alone before it
+forks; greedy decoding from an empty cache is bit-reproducible; measured on seed 0, 49 of 50
+probed traces were the unprobed ones), so one full-budget run that probes every chunk and
+never stops holds what a ``probe`` rule would see at that chunk size or a multiple of it. The script records, per problem, every probe's text, token logprobs and
 finish, and the full-budget answer; then it replays a grid of rules offline (chunk, equal
 probes needed, ``probe_confidence``, ``probe_tokens``): tokens per problem (thinking up to the
 stop, the probes' completions, and the answer request when no stop fires) and agreement with
@@ -50,9 +50,8 @@ def _key(text: str) -> str | None:
 class RecordProbes(Signal):
     """Probes after every chunk but the last, and never stops: what the ``probe`` signal sees.
 
-    The last chunk is not probed, as the real signal does not probe it: a probe there commits
-    the newest token alone, which rounds the answer request's KV differently from an unprobed
-    run (measured: that moved the full answer on 1 of 50 problems)."""
+    The last chunk is not probed, as the real signal does not probe it (a probe there would
+    commit the newest token alone before the answer request, which the bench's runs do not)."""
 
     needs_probe = True
     log: list[dict]  # set per trace by the caller
