@@ -65,23 +65,22 @@ class RecordProbes(Signal):
 
 def replay(traj: dict, stride: int, agree: int, min_conf: float, probe_tokens: int,
            recorded_tokens: int) -> tuple[int, str | None, bool]:
-    """(tokens, answer, stopped) of a ``probe`` rule on one recorded trajectory: a probe every
-    ``stride`` recorded chunks, at most ``probe_tokens`` (<= the recorded limit) each."""
-    keys, spent = [], 0
+    """(tokens, answer, stopped) of a ``probe`` rule on one recorded trajectory, judged by the
+    real :class:`ProbeSignal`: a probe every ``stride`` recorded chunks, at most
+    ``probe_tokens`` (<= the recorded limit) each; a longer recorded probe is cut there."""
+    signal = EarlyStop(signal="probe", chunk_tokens=BUDGET, probe_agree=agree,
+                       probe_confidence=min_conf, probe_tokens=probe_tokens).build()
+    spent = 0
     for i, step in enumerate(traj["probes"]):
         if (i + 1) % stride:
             continue
-        n = len(step["logprobs"])
-        if n > probe_tokens or (n == recorded_tokens and not step["finished"]):
-            spent += probe_tokens
-            keys.append(None)  # cut before its stop string: no answer
-        else:
-            spent += n
-            probe = Probe(step["probe"], tuple(step["logprobs"]))
-            keys.append(_key(probe.text) if probe.confidence >= min_conf else None)
-        last = keys[-agree:]
-        if len(last) == agree and last[0] is not None and len(set(last)) == 1:
-            return step["at"] + spent, last[0], True
+        lps = tuple(step["logprobs"])
+        cut = len(lps) > probe_tokens or (len(lps) == recorded_tokens and not step["finished"])
+        probe = Probe(step["probe"], lps[:probe_tokens], finished=not cut)
+        spent += len(probe.logprobs)
+        decision = signal.observe(Chunk(text="", tokens_so_far=step["at"], probe=lambda p=probe: p))
+        if decision is not None:
+            return step["at"] + spent, _key(decision.answer_text), True
     return traj["thinking_tokens"] + spent + traj["answer_tokens"], traj["answer"], False
 
 
