@@ -38,8 +38,6 @@ from sgl_reason.early_stop.base import Chunk, register
 from sgl_reason.programs import ThinkingBudget, think_then_answer
 from sgl_reason.vote import extract_answer, normalize_answer
 
-BUDGET = 96
-
 
 def _key(text: str) -> str | None:
     answer = extract_answer(text) if text.strip() else None
@@ -68,7 +66,7 @@ def replay(traj: dict, stride: int, agree: int, min_conf: float, probe_tokens: i
     """(tokens, answer, stopped) of a ``probe`` rule on one recorded trajectory, judged by the
     real :class:`ProbeSignal`: a probe every ``stride`` recorded chunks, at most
     ``probe_tokens`` (<= the recorded limit) each; a longer recorded probe is cut there."""
-    signal = EarlyStop(signal="probe", chunk_tokens=BUDGET, probe_agree=agree,
+    signal = EarlyStop(signal="probe", probe_agree=agree,
                        probe_confidence=min_conf, probe_tokens=probe_tokens).build()
     spent = 0
     for i, step in enumerate(traj["probes"]):
@@ -84,10 +82,27 @@ def replay(traj: dict, stride: int, agree: int, min_conf: float, probe_tokens: i
     return traj["thinking_tokens"] + spent + traj["answer_tokens"], traj["answer"], False
 
 
+def ceiling(traj: dict) -> int:
+    """Tokens of an oracle that knows the full answer: it stops at the first chunk from which
+    every probe states that answer and pays that one probe; it runs a trace that never settles
+    to the full budget without probing. No probe rule at this chunk size spends less at
+    agreement 1.00."""
+    settled = None
+    for step in reversed(traj["probes"]):
+        if not step["finished"] or _key(step["probe"]) != traj["answer"]:
+            break
+        settled = step
+    if settled is None:
+        return traj["thinking_tokens"] + traj["answer_tokens"]
+    return settled["at"] + len(settled["logprobs"])
+
+
 def report(trajectories: list[dict], chunk: int, probe_tokens: int) -> None:
     n = len(trajectories)
     full = sum(t["thinking_tokens"] + t["answer_tokens"] for t in trajectories) / n
     print(f"full: {full:.1f} tokens/problem")
+    best = sum(ceiling(t) for t in trajectories) / n
+    print(f"ceiling (an oracle probe rule, agreement 1.00): {best:.1f} tokens, saved {1 - best / full:.1%}")
     rows = []
     grid = itertools.product((1, 2), (2, 3), (0.0, 0.2, 0.3, 0.35, 0.4, 0.45, 0.5, 0.7),
                              (probe_tokens, 8, 6))
@@ -108,6 +123,7 @@ def main() -> None:
     parser.add_argument("--dataset", default="basic_arithmetic")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--limit", type=int, default=50)
+    parser.add_argument("--budget", type=int, default=96, help="thinking tokens (the bench's --budget)")
     parser.add_argument("--chunk", type=int, default=16, help="the bench uses 16")
     parser.add_argument("--probe-tokens", type=int, default=16)
     parser.add_argument("--json", help="write the trajectories here")
@@ -117,7 +133,7 @@ def main() -> None:
         report(json.loads(Path(args.load).read_text()), args.chunk, args.probe_tokens)
         return
     problems = load(f"reasoning-gym:{args.dataset}?size={args.limit}&seed={args.seed}")
-    think = ThinkingBudget(max_thinking_tokens=BUDGET, max_answer_tokens=16, mode="two")
+    think = ThinkingBudget(max_thinking_tokens=args.budget, max_answer_tokens=16, mode="two")
     config = EarlyStop(signal="record_probes", chunk_tokens=args.chunk, window=args.chunk,
                        probe_tokens=args.probe_tokens)
     trajectories = []

@@ -195,6 +195,15 @@ def _shape(text: str) -> tuple[int, int, int]:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
+def _rows(text: str) -> tuple[str, ...]:
+    from sgl_reason.bench.early_stop import check_rows
+
+    try:
+        return check_rows(name.strip() for name in text.split(",") if name.strip())
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt
 
@@ -265,6 +274,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--chunk", type=int, default=16, help="tokens per checked chunk")
     b.add_argument("--concurrency", type=int, default=1,
                    help="problems in flight (1: bit-reproducible rows, see docs/benchmarks.md)")
+    b.add_argument("--rows", type=_rows, default=None, metavar="NAME[,NAME]",
+                   help="run only these rows besides full (default: all): half_budget, entropy, "
+                   "probe, probe_agree3, probe_confident, confidence, consensus")
     b = benches.add_parser("fp8-kv", help="16-bit vs per-tensor vs per-token FP8 KV")
     b.add_argument("--tokens", type=int, default=1000, help="teacher-forced sequence length (about)")
     b = benches.add_parser("thinking-kv", help="stock vs each thinking-KV policy at a fixed pool")

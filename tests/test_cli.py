@@ -96,6 +96,12 @@ def test_plot_of_a_thinking_kv_report(tmp_path):
     assert (tmp_path / "plots" / "bench_tkv.png").stat().st_size > 0
 
 
+def test_bad_bench_rows(capsys):
+    with pytest.raises(SystemExit):
+        main(["bench", "early-stop", "--rows", "probe,vibes"])
+    assert "unknown bench row(s) vibes: choose from half_budget" in capsys.readouterr().err
+
+
 def test_bad_early_stop_names_the_choices(tmp_path, capsys):
     data = tmp_path / "d.jsonl"
     data.write_text('{"question": "1+1?", "answer": "2"}\n')

@@ -60,10 +60,28 @@ def _row(problems, results, reference=None) -> dict:
     return row
 
 
+# Rows of the bench: signal rows (the signal is the name up to "_") with their knobs.
+SIGNAL_ROWS = {
+    "entropy": {}, "probe": {}, "probe_agree3": {"probe_agree": 3},
+    "probe_confident": {"probe_confidence": 0.4, "probe_tokens": 8}, "confidence": {},
+}
+ROWS = ("half_budget", *SIGNAL_ROWS, "consensus")
+
+
+def check_rows(rows) -> tuple[str, ...]:
+    """The rows to run, in bench order; unknown names raise with the valid ones."""
+    rows = ROWS if rows is None else tuple(rows)
+    unknown = [r for r in rows if r not in ROWS]
+    if unknown or not rows:
+        what = f"unknown bench row(s) {', '.join(unknown)}" if unknown else "no bench rows given"
+        raise ValueError(f"{what}: choose from {', '.join(ROWS)}")
+    return tuple(r for r in ROWS if r in rows)
+
+
 def run(backend, dataset: str = "basic_arithmetic", limit: int = 50, budget: int = 96,
-        chunk: int = 16, n: int = 8, concurrency: int = 1, seed: int = 0) -> dict:
+        chunk: int = 16, n: int = 8, concurrency: int = 1, seed: int = 0, rows=None) -> dict:
+    rows = check_rows(rows)
     problems = load(f"reasoning-gym:{dataset}?size={limit}&seed={seed}")
-    think = ThinkingBudget(max_thinking_tokens=budget, max_answer_tokens=16, mode="two")
 
     def over(fn):
         backend.flush_cache()  # every row starts from the same (empty) cache
@@ -73,35 +91,46 @@ def run(backend, dataset: str = "basic_arithmetic", limit: int = 50, budget: int
         finally:  # on Ctrl-C / SIGTERM, finish only the problems in flight, not the whole row
             pool.shutdown(wait=True, cancel_futures=True)
 
+    def think_rows(config, thinking_budget=budget):
+        think = ThinkingBudget(max_thinking_tokens=thinking_budget, max_answer_tokens=16, mode="two")
+        return over(lambda p: think_then_answer(p.question, budget=think, backend=backend,
+                                                sampling=GREEDY, early_stop=config))
+
     baseline = EarlyStop(signal="none", chunk_tokens=chunk, window=chunk)
-    full_results = over(lambda p: think_then_answer(p.question, budget=think, backend=backend,
-                                                    sampling=GREEDY, early_stop=baseline))
+    full_results = think_rows(baseline)
     full = _row(problems, full_results)
     full["_results"] = full_results
-    signals = {}
-    rows = {"entropy": {}, "probe": {}, "probe_agree3": {"probe_agree": 3},
-            "probe_confident": {"probe_confidence": 0.4, "probe_tokens": 8}, "confidence": {}}
-    for name, knobs in rows.items():
+    baselines, signals = {}, {}
+    if "half_budget" in rows:  # the blind cut a signal has to beat: same chunking, half the budget
+        half = max(chunk, budget // 2)
+        baselines["half_budget"] = {**_row(problems, think_rows(baseline, half), full),
+                                    "thinking_budget": half}
+        logger.info("half_budget: %s", baselines["half_budget"])
+    for name, knobs in SIGNAL_ROWS.items():
+        if name not in rows:
+            continue
         config = EarlyStop(signal=name.split("_")[0], chunk_tokens=chunk, window=chunk, **knobs)
-        results = over(lambda p, c=config: think_then_answer(
-            p.question, budget=think, backend=backend, sampling=GREEDY, early_stop=c))
+        results = think_rows(config)
         signals[name] = _row(problems, results, full)
         signals[name]["stopped_early"] = sum(r.samples[0].stopped is not None for r in results) / len(problems)
         logger.info("%s: %s", name, signals[name])
 
-    sc_full_results = over(lambda p: self_consistency(p.question, n=n, max_tokens=48, backend=backend))
-    sc_full = _row(problems, sc_full_results)
-    sc_full["_results"] = sc_full_results
-    consensus = EarlyStop(signal="consensus", batch=max(2, n // 2))
-    results = over(lambda p: self_consistency(p.question, n=n, max_tokens=48, backend=backend,
-                                              early_stop=consensus))
-    signals["consensus"] = _row(problems, results, sc_full)
-    signals["consensus"]["samples_drawn"] = sum(r.info["samples_drawn"] for r in results) / len(problems)
-    for row in (full, sc_full):
-        row.pop("_results")
-    return {"dataset": dataset, "seed": seed, "problems": len(problems), "thinking_budget": budget,
-            "chunk_tokens": chunk, "concurrency": concurrency, "model": backend.get_model_name(),
-            "full": full, "self_consistency_full": {**sc_full, "n": n}, "signals": signals}
+    report = {"dataset": dataset, "seed": seed, "problems": len(problems), "thinking_budget": budget,
+              "chunk_tokens": chunk, "concurrency": concurrency, "model": backend.get_model_name(),
+              "full": full, "baselines": baselines, "signals": signals}
+    if "consensus" in rows:
+        sc_full_results = over(lambda p: self_consistency(p.question, n=n, max_tokens=48, backend=backend))
+        sc_full = _row(problems, sc_full_results)
+        sc_full["_results"] = sc_full_results
+        consensus = EarlyStop(signal="consensus", batch=max(2, n // 2))
+        results = over(lambda p: self_consistency(p.question, n=n, max_tokens=48, backend=backend,
+                                                  early_stop=consensus))
+        signals["consensus"] = _row(problems, results, sc_full)
+        signals["consensus"]["samples_drawn"] = sum(r.info["samples_drawn"] for r in results) / len(problems)
+        sc_full.pop("_results")
+        report["self_consistency_full"] = {**sc_full, "n": n}
+    full.pop("_results")
+    return report
 
 
 def table(report: dict) -> str:
@@ -110,7 +139,7 @@ def table(report: dict) -> str:
              f"{'run':22} {'tokens':>8} {'saved':>7} {'accuracy':>9} {'agree w/ full':>14}"]
     f = report["full"]
     lines.append(f"{'full (think_then_answer)':22} {f['tokens']:>8} {'':>7} {f['accuracy']:>9.2f} {'':>14}")
-    for name, r in report["signals"].items():
+    for name, r in [*report.get("baselines", {}).items(), *report["signals"].items()]:
         if name == "consensus":
             sc = report["self_consistency_full"]
             lines.append(f"{'full self-consistency':22} {sc['tokens']:>8} {'':>7} {sc['accuracy']:>9.2f} {'':>14}")
@@ -124,7 +153,8 @@ def main(args) -> int:
 
     with backend_for(args.url, args.server_arg) as backend:
         report = run(backend, dataset=args.dataset, limit=args.limit, budget=args.budget,
-                     chunk=args.chunk, concurrency=args.concurrency, seed=args.seed)
+                     chunk=args.chunk, concurrency=args.concurrency, seed=args.seed,
+                     rows=args.rows)
     print(table(report))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))
