@@ -1,19 +1,21 @@
 """Probe trajectories: what the probe says after every chunk of the full-budget trace.
 
-    .venv/bin/python benchmarks/early_stop_trajectories.py --seed 1 --limit 50 --chunk 16 --json OUT
+    .venv/bin/python benchmarks/early_stop_trajectories.py --seed 1 --limit 50 --budget 96 --chunk 16 --json OUT
     .venv/bin/python benchmarks/early_stop_trajectories.py --load OUT     # replay only
 
 Probing almost never changes the trace (``run_probe`` commits the newest token alone before it
 forks; greedy decoding from an empty cache is bit-reproducible; measured on seed 0, 49 of 50
-probed traces were the unprobed ones), so one full-budget run that probes every chunk and
-never stops holds what a ``probe`` rule would see at that chunk size or a multiple of it. The script records, per problem, every probe's text, token logprobs and
-finish, and the full-budget answer; then it replays a grid of rules offline (chunk, equal
-probes needed, ``probe_confidence``, ``probe_tokens``): tokens per problem (thinking up to the
-stop, the probes' completions, and the answer request when no stop fires) and agreement with
-the full answer, the bench's accounting. Use it to choose a rule on one seed, then report the
-rule on a disjoint one (``sgl-reason bench early-stop --seed``). reasoning-gym draws item i
-from seed + i: seeds closer than ``--limit`` share problems (seed 1 shares 49 of 50 with seed
-0), so use seeds far apart (0, 1000, 2000).
+probed traces were the unprobed ones), so one full-budget run that probes every chunk and never
+stops holds what a ``probe`` rule would see at that chunk size or a multiple of it. The script
+records, per problem, every probe's text, token logprobs and finish, and the full-budget
+answer; then it replays a grid of rules offline (chunk, equal probes needed,
+``probe_confidence``, ``probe_tokens``): tokens per problem (thinking up to the stop, the
+probes' completions, and the answer request when no stop fires) and agreement with the full
+answer, the bench's accounting, and the ``ceiling``: what an oracle that knew the full answer
+would spend at this chunk size (no probe rule does better at agreement 1.00). Use it to choose
+a rule on one seed, then report the rule on a disjoint one (``sgl-reason bench early-stop
+--seed``). reasoning-gym draws item i from seed + i: seeds closer than ``--limit`` share
+problems (seed 1 shares 49 of 50 with seed 0), so use seeds far apart (0, 1000, 2000).
 
 Caveat, measured: the trace is the same whatever is probed, but not whatever the chunk size.
 Each chunk boundary computes one token's KV in a one-token prefill instead of a decode step, and

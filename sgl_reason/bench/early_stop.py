@@ -9,7 +9,11 @@ On a seeded reasoning-gym set, in one process against one server, greedy decodin
   ``probe_confident`` is ``probe`` counting only probes whose mean token probability is >= 0.4,
   read within 8 tokens (chosen with ``benchmarks/early_stop_trajectories.py``, see
   docs/benchmarks.md);
+- ``half_budget``: the blind cut a signal has to beat, the ``full`` run with half the thinking
+  budget (reported under ``baselines``);
 - ``self_consistency`` (n samples, temperature sampling) full vs ``consensus``.
+
+``rows`` (``--rows``) runs a subset; ``full`` always runs, as every row is compared with it.
 
 Tokens are everything decoded for a problem (thinking, probes, answer). ``tokens_saved`` is
 1 - tokens / full tokens; ``agreement_with_full`` compares the final answers problem by problem.
