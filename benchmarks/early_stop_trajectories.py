@@ -105,6 +105,9 @@ def report(trajectories: list[dict], chunk: int, probe_tokens: int) -> None:
     print(f"full: {full:.1f} tokens/problem")
     best = sum(ceiling(t) for t in trajectories) / n
     print(f"ceiling (an oracle probe rule, agreement 1.00): {best:.1f} tokens, saved {1 - best / full:.1%}")
+    last = [t for t in trajectories if t["probes"]]
+    same = sum(t["probes"][-1]["finished"] and _key(t["probes"][-1]["probe"]) == t["answer"] for t in last)
+    print(f"the last probe (one chunk before the budget ends) states the full answer on {same} of {len(last)}")
     rows = []
     grid = itertools.product((1, 2), (2, 3), (0.0, 0.2, 0.3, 0.35, 0.4, 0.45, 0.5, 0.7),
                              (probe_tokens, 8, 6))
