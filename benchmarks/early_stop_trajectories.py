@@ -41,9 +41,21 @@ from sgl_reason.programs import ThinkingBudget, think_then_answer
 from sgl_reason.vote import extract_answer, normalize_answer
 
 
-def _key(text: str) -> str | None:
-    answer = extract_answer(text) if text.strip() else None
+ANSWER_TOKENS = 16  # the answer request's limit, as in the bench
+
+
+def _key(text: str, cut: bool = False) -> str | None:
+    answer = extract_answer(text, cut=cut) if text.strip() else None
     return normalize_answer(answer) if answer else None
+
+
+def _full_answers(trajectories: list[dict]) -> None:
+    """Read each full answer again from its text, as the programs do now: a recording made
+    before answers cut at their token limit were read from their complete lines (or before
+    ``answer_cut`` was recorded) replays with the answers the bench gives today."""
+    for t in trajectories:
+        cut = t.get("answer_cut", t["answer_tokens"] >= ANSWER_TOKENS)
+        t["answer"] = _key(t["answer_text"], cut)
 
 
 @register("record_probes")
@@ -135,10 +147,13 @@ def main() -> None:
     parser.add_argument("--load", help="replay trajectories from this file instead of running")
     args = parser.parse_args()
     if args.load:
-        report(json.loads(Path(args.load).read_text()), args.chunk, args.probe_tokens)
+        trajectories = json.loads(Path(args.load).read_text())
+        _full_answers(trajectories)
+        report(trajectories, args.chunk, args.probe_tokens)
         return
     problems = load(f"reasoning-gym:{args.dataset}?size={args.limit}&seed={args.seed}")
-    think = ThinkingBudget(max_thinking_tokens=args.budget, max_answer_tokens=16, mode="two")
+    think = ThinkingBudget(max_thinking_tokens=args.budget, max_answer_tokens=ANSWER_TOKENS,
+                           mode="two")
     config = EarlyStop(signal="record_probes", chunk_tokens=args.chunk, window=args.chunk,
                        probe_tokens=args.probe_tokens)
     trajectories = []
@@ -149,8 +164,8 @@ def main() -> None:
             s = think_then_answer(p.question, budget=think, backend=rt.endpoint,
                                   sampling=GREEDY, early_stop=config).samples[0]
             trajectories.append({
-                "question": p.question, "probes": log, "answer": _key(s.answer_text),
-                "answer_text": s.answer_text, "thinking_tokens": s.thinking_tokens,
+                "question": p.question, "probes": log, "answer": _key(s.answer or ""),
+                "answer_text": s.answer_text, "answer_cut": s.finish_reason == "length", "thinking_tokens": s.thinking_tokens,
                 "answer_tokens": s.answer_tokens, "thinking": s.thinking,
             })
             print(len(trajectories), [_key(x["probe"]) for x in log],

@@ -39,7 +39,8 @@ def fork_shared(s, n: int):
 def collect_direct(branch) -> Sample:
     """The sample of a branch whose ``completion`` gen has been submitted (waits for it)."""
     text, meta = branch["completion"], branch.get_meta_info("completion")
-    return Sample(text=text, answer_text=text, answer=extract_answer(text),
+    cut = meta["finish_reason"]["type"] == "length"
+    return Sample(text=text, answer_text=text, answer=extract_answer(text, cut=cut),
                   answer_tokens=meta["completion_tokens"],
                   finish_reason=meta["finish_reason"]["type"])
 
@@ -47,10 +48,12 @@ def collect_direct(branch) -> Sample:
 def _direct_watched(branch, max_tokens: int, sampling: dict, config: EarlyStop) -> Sample:
     """A direct answer generated in chunks under a per-trace signal (``confidence``)."""
     signal = config.build()
-    text, used, _, decision = generate_chunked(branch, "completion", max_tokens, None, sampling,
-                                               signal, config)
+    text, used, closed, decision = generate_chunked(branch, "completion", max_tokens, None,
+                                                    sampling, signal, config)
     dropped = decision is not None and decision.drop
-    return Sample(text=text, answer_text=text, answer=None if dropped else extract_answer(text),
+    cut = not closed and used >= max_tokens
+    return Sample(text=text, answer_text=text,
+                  answer=None if dropped else extract_answer(text, cut=cut),
                   answer_tokens=used, stopped=decision_dict(decision),
                   score=0.0 if dropped else signal.weight())
 

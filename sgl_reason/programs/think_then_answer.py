@@ -106,8 +106,7 @@ def _chunked(s, plan: ThinkPlan) -> Sample:
     answer_text, meta = s["answer"], s.get_meta_info("answer")
     return Sample(
         text=thinking + profile.think_end + answer_text, thinking=thinking,
-        answer_text=answer_text,
-        answer=extract_answer(answer_text) if answer_text.strip() else None,
+        answer_text=answer_text, answer=_answer(answer_text, meta),
         thinking_tokens=used, answer_tokens=meta["completion_tokens"],
         forced=not closed and decision is None, finish_reason=meta["finish_reason"]["type"],
         stopped=stopped, score=signal.weight() if signal.needs_logprobs else None,
@@ -130,8 +129,7 @@ def _single_request(s, plan: ThinkPlan) -> Sample:
     answer_tokens = len(ids) - at - len(plan.end_ids) if at >= 0 else 0
     thinking, answer_text = _split(text, plan.profile.think_end)
     return Sample(
-        text=text, thinking=thinking, answer_text=answer_text,
-        answer=extract_answer(answer_text) if answer_text.strip() else None,
+        text=text, thinking=thinking, answer_text=answer_text, answer=_answer(answer_text, meta),
         thinking_tokens=thinking_tokens, answer_tokens=answer_tokens,
         forced=at == b.thinking_tokens, finish_reason=meta["finish_reason"]["type"],
     )
@@ -160,15 +158,21 @@ def _two_requests(s, plan: ThinkPlan) -> Sample:
         k += 1
     s += profile.think_end
     s += sgl.gen("answer", max_tokens=b.max_answer_tokens, **plan.sampling)
-    answer_text = s["answer"]
+    answer_text, meta = s["answer"], s.get_meta_info("answer")
     thinking = "".join(parts)
     return Sample(
         text=thinking + profile.think_end + answer_text, thinking=thinking,
-        answer_text=answer_text,
-        answer=extract_answer(answer_text) if answer_text.strip() else None,
-        thinking_tokens=used, answer_tokens=s.get_meta_info("answer")["completion_tokens"],
-        forced=forced, finish_reason=s.get_meta_info("answer")["finish_reason"]["type"],
+        answer_text=answer_text, answer=_answer(answer_text, meta),
+        thinking_tokens=used, answer_tokens=meta["completion_tokens"],
+        forced=forced, finish_reason=meta["finish_reason"]["type"],
     )
+
+
+def _answer(text: str, meta: dict) -> str | None:
+    """The answer in a generated answer, read knowing whether its token limit cut it."""
+    if not text.strip():
+        return None
+    return extract_answer(text, cut=meta["finish_reason"]["type"] == "length")
 
 
 def _find(ids: list[int], sub: list[int]) -> int:

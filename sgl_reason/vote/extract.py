@@ -17,6 +17,10 @@
     -     nothing matched                             ``None``
     ====  ==========================================  ===========================================
 
+A completion cut at its token limit (``cut=True``) that ends inside a number has an unfinished
+last line: "1044.\n\nThe answer is: 104" was cut from "... 1044". Its answer is read from the
+complete lines before it when they hold one, from the whole text otherwise.
+
 ``parse_number`` turns an answer into an exact ``fractions.Fraction`` (so "0.5" == "1/2" and
 "18.00" == "18"); ``normalize_answer`` turns it into the key exact voting groups by.
 """
@@ -64,6 +68,8 @@ _LATEX_FRAC = re.compile(r"\\[dt]?frac\s*\{([^{}]*)\}\s*\{([^{}]*)\}")
 _LATEX_FRAC_SHORT = re.compile(r"\\[dt]?frac\s*(\d)\s*(\d)")
 _LATEX_WRAPPERS = re.compile(r"\\(?:text|textbf|textit|mathrm|mathbf|mbox|operatorname)\s*\{([^{}]*)\}")
 _LATEX_NOISE = re.compile(r"\\[,;:! ]|\\left|\\right|\^\s*\{?\\circ\}?|\\circ|\\\$")
+# A cut completion whose last characters are a number (maybe with a trailing '.', ',' or '/').
+_ENDS_IN_NUMBER = re.compile(r"\d[.,/]?$")
 _MAX_EXPONENT = 1000  # "1e999999999" would build a billion-digit integer
 
 
@@ -103,15 +109,25 @@ def _clean_phrase_tail(tail: str) -> str:
     return tail.strip()
 
 
-def extract_answer(text: str) -> str | None:
+def extract_answer(text: str, *, cut: bool = False) -> str | None:
     """The final answer in a model's output, or None when it states none.
 
     Rules are tried in the order of the module table; within a rule the *last* occurrence
     wins (models restate and correct themselves). The raw answer text is returned, stripped;
-    use ``normalize_answer`` for a comparison key.
+    use ``normalize_answer`` for a comparison key. ``cut``: the completion stopped at its token
+    limit (finish reason "length"), so a number at its very end may be unfinished.
     """
     if not isinstance(text, str):
         raise TypeError(f"extract_answer expects the completion text (str), got {type(text).__name__}")
+    if cut and _ENDS_IN_NUMBER.search(text):
+        complete = text[: text.rfind("\n")] if "\n" in text else ""
+        answer = _extract(complete) if complete.strip() else None
+        if answer is not None:
+            return answer
+    return _extract(text)
+
+
+def _extract(text: str) -> str | None:
     for content in reversed(_boxed_contents(text)):
         if content.strip():
             return content.strip()

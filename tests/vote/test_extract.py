@@ -49,6 +49,24 @@ def test_extract_answer_none(text):
     assert extract_answer(text) is None
 
 
+@pytest.mark.parametrize(
+    "text, cut, expected",
+    [  # answers SmolLM2 wrote when its 16 answer tokens ran out (recorded, budget 384)
+        (" 1044.\n\nThe answer is: 104", True, "1044"),
+        (" 1044.\n\nThe answer is: 104", False, "104"),  # a finished text means what it says
+        (" 10\n\nThe explanation is:\n\nThe answer is 1", True, "10"),
+        (" 10\n\nThe answer is: 10.", True, "10"),
+        # a cut that does not end in a number leaves the last line's answer whole
+        (" 7\n\nThe answer is: 12.\n\nThe", True, "12"),
+        # nothing complete to fall back on: the whole text, as without the cut
+        (" 1212 / 9298 = 0.0", True, "0.0"),
+        ("Let me think.\nThe answer is 4", True, "4"),
+    ],
+)
+def test_extract_answer_from_a_cut_completion(text, cut, expected):
+    assert extract_answer(text, cut=cut) == expected
+
+
 def test_extract_answer_rejects_non_text():
     with pytest.raises(TypeError, match="completion text"):
         extract_answer(None)
