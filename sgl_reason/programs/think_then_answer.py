@@ -106,7 +106,7 @@ def _chunked(s, plan: ThinkPlan) -> Sample:
     answer_text, meta = s["answer"], s.get_meta_info("answer")
     return Sample(
         text=thinking + profile.think_end + answer_text, thinking=thinking,
-        answer_text=answer_text, answer=_answer(answer_text, meta),
+        answer_text=answer_text, answer=_answer(answer_text, _cut(meta)),
         thinking_tokens=used, answer_tokens=meta["completion_tokens"],
         forced=not closed and decision is None, finish_reason=meta["finish_reason"]["type"],
         stopped=stopped, score=signal.weight() if signal.needs_logprobs else None,
@@ -129,7 +129,9 @@ def _single_request(s, plan: ThinkPlan) -> Sample:
     answer_tokens = len(ids) - at - len(plan.end_ids) if at >= 0 else 0
     thinking, answer_text = _split(text, plan.profile.think_end)
     return Sample(
-        text=text, thinking=thinking, answer_text=answer_text, answer=_answer(answer_text, meta),
+        text=text, thinking=thinking, answer_text=answer_text,
+        # the processor ends the answer with a forced EOS as its max_answer-th token
+        answer=_answer(answer_text, _cut(meta) or answer_tokens >= b.max_answer_tokens),
         thinking_tokens=thinking_tokens, answer_tokens=answer_tokens,
         forced=at == b.thinking_tokens, finish_reason=meta["finish_reason"]["type"],
     )
@@ -162,17 +164,19 @@ def _two_requests(s, plan: ThinkPlan) -> Sample:
     thinking = "".join(parts)
     return Sample(
         text=thinking + profile.think_end + answer_text, thinking=thinking,
-        answer_text=answer_text, answer=_answer(answer_text, meta),
+        answer_text=answer_text, answer=_answer(answer_text, _cut(meta)),
         thinking_tokens=used, answer_tokens=meta["completion_tokens"],
         forced=forced, finish_reason=meta["finish_reason"]["type"],
     )
 
 
-def _answer(text: str, meta: dict) -> str | None:
+def _cut(meta: dict) -> bool:
+    return meta["finish_reason"]["type"] == "length"
+
+
+def _answer(text: str, cut: bool) -> str | None:
     """The answer in a generated answer, read knowing whether its token limit cut it."""
-    if not text.strip():
-        return None
-    return extract_answer(text, cut=meta["finish_reason"]["type"] == "length")
+    return extract_answer(text, cut=cut) if text.strip() else None
 
 
 def _find(ids: list[int], sub: list[int]) -> int:
