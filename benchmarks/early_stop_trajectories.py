@@ -164,9 +164,11 @@ def main() -> None:
             s = think_then_answer(p.question, budget=think, backend=rt.endpoint,
                                   sampling=GREEDY, early_stop=config).samples[0]
             trajectories.append({
-                "question": p.question, "probes": log, "answer": _key(s.answer or ""),
-                "answer_text": s.answer_text, "answer_cut": s.finish_reason == "length", "thinking_tokens": s.thinking_tokens,
-                "answer_tokens": s.answer_tokens, "thinking": s.thinking,
+                "question": p.question, "probes": log,
+                "answer": normalize_answer(s.answer) if s.answer else None,
+                "answer_text": s.answer_text, "answer_cut": s.finish_reason == "length",
+                "thinking_tokens": s.thinking_tokens, "answer_tokens": s.answer_tokens,
+                "thinking": s.thinking,
             })
             print(len(trajectories), [_key(x["probe"]) for x in log],
                   "full:", trajectories[-1]["answer"], flush=True)

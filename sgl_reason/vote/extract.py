@@ -69,7 +69,7 @@ _LATEX_FRAC_SHORT = re.compile(r"\\[dt]?frac\s*(\d)\s*(\d)")
 _LATEX_WRAPPERS = re.compile(r"\\(?:text|textbf|textit|mathrm|mathbf|mbox|operatorname)\s*\{([^{}]*)\}")
 _LATEX_NOISE = re.compile(r"\\[,;:! ]|\\left|\\right|\^\s*\{?\\circ\}?|\\circ|\\\$")
 # A cut completion whose last characters are a number (maybe with a trailing '.', ',' or '/').
-_ENDS_IN_NUMBER = re.compile(r"\d[.,/]?$")
+_ENDS_IN_NUMBER = re.compile(r"\d[.,/]?\Z")
 _MAX_EXPONENT = 1000  # "1e999999999" would build a billion-digit integer
 
 

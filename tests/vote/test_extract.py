@@ -58,6 +58,7 @@ def test_extract_answer_none(text):
         (" 10\n\nThe answer is: 10.", True, "10"),
         # a cut that does not end in a number leaves the last line's answer whole
         (" 7\n\nThe answer is: 12.\n\nThe", True, "12"),
+        (" 7\n\nThe answer is: 12\n", True, "12"),  # a line its newline ends is complete
         # nothing complete to fall back on: the whole text, as without the cut
         (" 1212 / 9298 = 0.0", True, "0.0"),
         ("Let me think.\nThe answer is 4", True, "4"),
