@@ -33,7 +33,7 @@ import json
 from pathlib import Path
 
 from sgl_reason import EmbeddedRuntime
-from sgl_reason.bench.early_stop import GREEDY
+from sgl_reason.bench.early_stop import ANSWER_TOKENS, GREEDY
 from sgl_reason.data import load
 from sgl_reason.early_stop import EarlyStop, Probe, Signal, StopDecision
 from sgl_reason.early_stop.base import Chunk, register
@@ -41,21 +41,23 @@ from sgl_reason.programs import ThinkingBudget, think_then_answer
 from sgl_reason.vote import extract_answer, normalize_answer
 
 
-ANSWER_TOKENS = 16  # the answer request's limit, as in the bench
-
-
 def _key(text: str, cut: bool = False) -> str | None:
     answer = extract_answer(text, cut=cut) if text.strip() else None
     return normalize_answer(answer) if answer else None
 
 
-def _full_answers(trajectories: list[dict]) -> None:
-    """Read each full answer again from its text, as the programs do now: a recording made
-    before answers cut at their token limit were read from their complete lines (or before
-    ``answer_cut`` was recorded) replays with the answers the bench gives today."""
+def _full_answers(trajectories: list[dict]) -> int:
+    """Read each full answer again from its text the way the programs read it today, so that
+    recordings made before cut answers were read from their complete lines replay with the
+    bench's answers (a recording without ``answer_cut`` counts a full answer limit as a cut).
+    Returns how many answers changed."""
+    changed = 0
     for t in trajectories:
         cut = t.get("answer_cut", t["answer_tokens"] >= ANSWER_TOKENS)
-        t["answer"] = _key(t["answer_text"], cut)
+        answer = _key(t["answer_text"], cut)
+        changed += answer != t["answer"]
+        t["answer"] = answer
+    return changed
 
 
 @register("record_probes")
@@ -148,7 +150,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.load:
         trajectories = json.loads(Path(args.load).read_text())
-        _full_answers(trajectories)
+        changed = _full_answers(trajectories)
+        print(f"full answers read differently than when recorded: {changed} of {len(trajectories)}")
         report(trajectories, args.chunk, args.probe_tokens)
         return
     problems = load(f"reasoning-gym:{args.dataset}?size={args.limit}&seed={args.seed}")

@@ -41,6 +41,7 @@ from sgl_reason.vote import normalize_answer
 logger = logging.getLogger(__name__)
 
 GREEDY = Sampling(temperature=0.0, top_p=1.0)
+ANSWER_TOKENS = 16  # the answer request after thinking
 
 
 def _norm(answer):
@@ -96,7 +97,8 @@ def run(backend, dataset: str = "basic_arithmetic", limit: int = 50, budget: int
             pool.shutdown(wait=True, cancel_futures=True)
 
     def think_rows(config, thinking_budget=budget):
-        think = ThinkingBudget(max_thinking_tokens=thinking_budget, max_answer_tokens=16, mode="two")
+        think = ThinkingBudget(max_thinking_tokens=thinking_budget, max_answer_tokens=ANSWER_TOKENS,
+                               mode="two")
         return over(lambda p: think_then_answer(p.question, budget=think, backend=backend,
                                                 sampling=GREEDY, early_stop=config))
 

@@ -51,14 +51,13 @@ def test_extract_answer_none(text):
 
 @pytest.mark.parametrize(
     "text, cut, expected",
-    [  # answers SmolLM2 wrote when its 16 answer tokens ran out (recorded, budget 384)
+    [  # the first four: answers SmolLM2 wrote when its 16 answer tokens ran out (budget 384)
         (" 1044.\n\nThe answer is: 104", True, "1044"),
         (" 1044.\n\nThe answer is: 104", False, "104"),  # a finished text means what it says
         (" 10\n\nThe explanation is:\n\nThe answer is 1", True, "10"),
         (" 10\n\nThe answer is: 10.", True, "10"),
         # a cut that does not end in a number leaves the last line's answer whole
         (" 7\n\nThe answer is: 12.\n\nThe", True, "12"),
-        (" 7\n\nThe answer is: 12\n", True, "12"),  # a line its newline ends is complete
         # nothing complete to fall back on: the whole text, as without the cut
         (" 1212 / 9298 = 0.0", True, "0.0"),
         ("Let me think.\nThe answer is 4", True, "4"),
