@@ -1,0 +1,356 @@
+"""Reasoning traces written by code, from reasoning-gym problems, to train the tiny reasoner.
+
+A trace is shaped like a real reasoning model's (R1, Qwen3)::
+
+    <think>
+    Plan: ...                                   one sentence
+    Step 1: -59 + 21. 21 is less than 59: ...   one operation a step, digit facts per column
+    Now: ( -38 + 40 ) + -96                     the expression left, rewritten after each step
+    ...
+    Check: ...                                  every step recomputed backwards (the inverse
+                                                operation) or the sum in another order
+    Wait, 7+6=13, not 12, so ...                ~1 trace in 5: an early slip the check caught,
+                                                and the steps after it redone
+    </think>
+    -59 + 21 = -38, -38 + 40 = 2, ...           the answer copies the thinking's results
+    The answer is -94.
+
+Families and their configs are exactly the ones the reasoner is evaluated on (:data:`FAMILIES`).
+Seeds: training and this project's evaluations stay below :data:`MAX_SEED`; evaluation by
+others uses seeds beyond it.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass
+
+from sgl_reason.reasoner.arith import APPLY, Slip, Worked, show, work
+
+MAX_SEED = 10_000_000
+THINK_START, THINK_END = "<think>", "</think>"
+
+FAMILIES: dict[str, dict] = {
+    "chain_sum": dict(min_terms=3, max_terms=5, min_digits=1, max_digits=3),
+    "basic_arithmetic": dict(min_terms=2, max_terms=4, min_digits=1, max_digits=2,
+                             operators=("+", "-", "*"), allow_parentheses=True,
+                             allow_negation=False),
+    "leg_counting": dict(min_animals=2, max_animals=4, min_instances=1, max_instances=10),
+    "gsm_symbolic": {},
+}
+SLIP_RATE = 0.2
+# The project's own held-out sets: ``reasoning-gym:FAMILY?seed=HELD_OUT_SEED`` (up to
+# HELD_OUT_SIZE problems). Their questions are never trained on.
+HELD_OUT_SEED, HELD_OUT_SIZE = 5_000_000, 200
+
+
+@dataclass(frozen=True)
+class Trace:
+    family: str
+    question: str
+    thinking: str  # between the markers, without them
+    answer: str  # after the end marker
+    gold: str
+    slipped: bool
+
+    @property
+    def completion(self) -> str:
+        """What the assistant writes: thinking in its markers, then the answer."""
+        return f"{THINK_START}\n{self.thinking}\n{THINK_END}\n{self.answer}"
+
+
+@dataclass
+class _Step:
+    a: int
+    op: str
+    b: int
+    worked: Worked
+    after: str  # the expression that remains (with this step's value in it)
+
+
+# --- expressions: chain_sum and basic_arithmetic --------------------------------------------
+
+def _tokens(expression: str) -> list[str]:
+    return expression.replace("(", " ( ").replace(")", " ) ").split()
+
+
+def _drop_single_parens(toks: list[str]) -> list[str]:
+    changed = True
+    while changed:
+        changed = False
+        for i in range(len(toks) - 2):
+            if toks[i] == "(" and toks[i + 2] == ")":
+                toks = toks[:i] + [toks[i + 1]] + toks[i + 3:]
+                changed = True
+                break
+    return toks
+
+
+def _next_op(toks: list[str]) -> int:
+    """Index of the operator to apply next: innermost first bracket, ``*`` before ``+ -``,
+    left to right (Python's order for these operators)."""
+    lo, hi = 0, len(toks)
+    depth, best = 0, -1
+    for i, t in enumerate(toks):  # the first bracket group that holds no other bracket
+        if t == "(":
+            depth += 1
+            start = i
+        elif t == ")":
+            lo, hi = start + 1, i
+            break
+    ops = [i for i in range(lo, hi) if toks[i] in ("+", "-", "*")]
+    for i in ops:
+        if toks[i] == "*":
+            return i
+    best = ops[0]
+    return best
+
+
+def _evaluate(expression: str, slip_at: int | None, rng: random.Random) -> list[_Step]:
+    toks = _drop_single_parens(_tokens(expression))
+    steps: list[_Step] = []
+    while len(toks) > 1:
+        i = _next_op(toks)
+        a, op, b = int(toks[i - 1]), toks[i], int(toks[i + 1])
+        slip = Slip(rng) if slip_at == len(steps) else None
+        w = work(a, op, b, slip)
+        toks = _drop_single_parens(toks[:i - 1] + [str(w.value)] + toks[i + 2:])
+        steps.append(_Step(a, op, b, w, " ".join(toks)))
+    return steps
+
+
+_INVERSE = {"+": "-", "-": "+"}
+
+
+def _check_line(step: _Step, expected_a: int) -> tuple[str, bool]:
+    """Recompute a step backwards: the result with the inverse operation gives back ``a``."""
+    r = step.worked.value
+    if step.op == "*":
+        again = APPLY["*"](step.b, step.a)  # products: the other number on top
+        ok = again == r
+        return f"{step.b} * {step.a} = {again}, " + ("right" if ok else f"not {r}, wrong"), ok
+    back = APPLY[_INVERSE[step.op]](r, step.b)
+    ok = back == expected_a
+    verdict = "right" if ok else f"not {expected_a}, wrong"
+    return f"{r} {_INVERSE[step.op]} {step.b} = {back}, {verdict}", ok
+
+
+def _expression_trace(family: str, question: str, expression: str, gold: str,
+                      rng: random.Random) -> Trace:
+    n_ops = len(_evaluate(expression, None, rng))
+    slip_at = rng.randrange(max(1, (n_ops + 1) // 2)) if n_ops and rng.random() < SLIP_RATE else None
+    steps = _evaluate(expression, slip_at, rng)
+    if slip_at is not None and steps[slip_at].worked.slipped is None:
+        slip_at = None  # no digit fact could slip plausibly (e.g. 0+0)
+    if family == "chain_sum":
+        plan = "Plan: left to right, one operation a step, then check each step backwards."
+    else:
+        plan = "Plan: inner brackets first, * before + and -, one operation a step, then check each step backwards."
+    lines = [plan, f"Start: {' '.join(_drop_single_parens(_tokens(expression)))}"]
+    for k, s in enumerate(steps, 1):
+        lines.append(f"Step {k}: {s.a} {s.op} {s.b}. {s.worked.text}.")
+        if k < len(steps):
+            lines.append(f"Now: {s.after}")
+    first = steps[-1].worked.value
+    lines.append(f"So the result is {first}.")
+    checks, bad = [], None
+    for k, s in enumerate(steps):
+        line, ok = _check_line(s, s.a)
+        if not ok and bad is None:
+            bad = k
+        checks.append(line)
+    # A slip's check: the step's own result recomputed backwards does not give its operand.
+    if slip_at is not None:
+        s = steps[slip_at]
+        r = s.worked.value
+        if s.op == "*":
+            right = APPLY["*"](s.a, s.b)
+            checks[slip_at] = f"{s.b} * {s.a} = {right}, not {r}, wrong"
+        else:
+            back = APPLY[_INVERSE[s.op]](r, s.b)
+            checks[slip_at] = f"{r} {_INVERSE[s.op]} {s.b} = {back}, not {s.a}, wrong"
+    lines.append("Check: " + "; ".join(checks) + ".")
+    final_steps = steps
+    if slip_at is not None:
+        fixed = _evaluate(expression, None, rng)
+        s, f = steps[slip_at], fixed[slip_at]
+        lines.append(f"Wait, {s.worked.fixed}, not {s.worked.slipped}, so "
+                     f"{show(f.a, f.op, f.b, f.worked.value)}, not {s.worked.value}.")
+        redo = [show(x.a, x.op, x.b, x.worked.value) for x in fixed[slip_at + 1:]]
+        if redo:
+            lines.append("Redo from there: " + ", ".join(redo) + ".")
+        lines.append(f"Now the result is {fixed[-1].worked.value}, and checking again: "
+                     + "; ".join(_check_line(x, x.a)[0] for x in fixed) + ".")
+        final_steps = fixed
+    value = final_steps[-1].worked.value
+    if str(value) != gold.strip():
+        raise AssertionError(f"trace for {expression!r} reached {value}, gold is {gold!r}")
+    answer = ", ".join(show(x.a, x.op, x.b, x.worked.value) for x in final_steps)
+    return Trace(family, question, "\n".join(lines), f"{answer}.\nThe answer is {value}.",
+                 gold, slip_at is not None)
+
+
+# --- leg_counting ------------------------------------------------------------------------------
+
+def _plural(name: str, n: int) -> str:
+    return name if n == 1 else name + "s"  # reasoning-gym's own plural ("butterflys")
+
+
+def _leg_trace(question: str, animals: dict[str, int], gold: str, rng: random.Random) -> Trace:
+    from reasoning_gym.arithmetic.leg_counting import ANIMALS
+
+    lines = ["Plan: legs of each animal times how many, add the totals, then check by adding in "
+             "reverse."]
+    totals = []
+    for name, count in animals.items():
+        legs = ANIMALS[name]
+        w = work(count, "*", legs)
+        lines.append(f"A {name} has {legs} legs. {count} {_plural(name, count)}: {w.text}.")
+        totals.append(w.value)
+    n_adds = len(totals) - 1
+    slip_at = rng.randrange(max(1, (n_adds + 1) // 2)) if rng.random() < SLIP_RATE else None
+
+    def running(slip_at):
+        value, out = totals[0], []
+        for k, t in enumerate(totals[1:]):
+            slip = Slip(rng) if k == slip_at else None
+            w = work(value, "+", t, slip)
+            out.append((value, t, w))
+            value = w.value
+        return out
+
+    adds = running(slip_at)
+    if slip_at is not None and adds[slip_at][2].slipped is None:
+        slip_at = None
+    lines.append("Add: " + " ".join(f"{a}+{t}: {w.text}." for a, t, w in adds))
+    total = adds[-1][2].value
+    right = sum(totals)
+    back = list(reversed(totals))
+    partial, rev = back[0], []
+    for t in back[1:]:
+        rev.append(f"{partial} + {t} = {partial + t}")
+        partial += t
+    verdict = "right" if total == right else f"not {total}, wrong"
+    lines.append(f"So the total is {total}. Check, adding from the last: {', '.join(rev)}, {verdict}.")
+    if slip_at is not None:
+        fixed = running(None)
+        a, t, w = adds[slip_at]
+        fa, ft, fw = fixed[slip_at]
+        lines.append(f"Wait, {w.fixed}, not {w.slipped}, so {fa} + {ft} = {fw.value}, not {w.value}.")
+        redo = [f"{x} + {y} = {z.value}" for x, y, z in fixed[slip_at + 1:]]
+        if redo:
+            lines.append("Redo from there: " + ", ".join(redo) + ".")
+        lines.append(f"Now the total is {right}, the same as the check.")
+    if str(right) != gold.strip():
+        raise AssertionError(f"leg trace reached {right}, gold is {gold!r}")
+    listed = ", ".join(f"{c} {_plural(n, c)}: {t}" for (n, c), t in zip(animals.items(), totals))
+    answer = f"Legs: {listed}. Total: {' + '.join(map(str, totals))} = {right}.\nThe answer is {right}."
+    return Trace("leg_counting", question, "\n".join(lines), answer, gold, slip_at is not None)
+
+
+# --- gsm_symbolic ------------------------------------------------------------------------------
+
+_EQUATION = re.compile(r"(?<![\d.])(\d+) ?([+\-x*]) ?[$€£]?(\d+)[^=\n]*= ?[$€£]?(\d+)(?![\d./])")
+
+
+def _gsm_trace(question: str, cot: str, gold: str) -> Trace:
+    """The generator's short worked solution, each integer equation derived in columns."""
+    body = [ln for ln in cot.strip().splitlines() if not ln.startswith("####")]
+    lines = ["Plan: one quantity at a time, then check the last step backwards."]
+    last = None
+    for k, ln in enumerate(body, 1):
+        extra = []
+        for m in _EQUATION.finditer(ln):
+            a, op, b, c = int(m[1]), "*" if m[2] == "x" else m[2], int(m[3]), int(m[4])
+            if APPLY[op](a, b) == c:
+                w = work(a, op, b)
+                if w.text != f"{a}{op}{b}={c}":
+                    extra.append(w.text)
+                last = (a, op, b, c)
+        lines.append(f"Step {k}: {ln.strip()}" + (f" ({'; '.join(extra)})" if extra else ""))
+    if last is not None and last[1] in _INVERSE:
+        a, op, b, c = last
+        lines.append(f"Check: {c} {_INVERSE[op]} {b} = {APPLY[_INVERSE[op]](c, b)}, right.")
+    elif last is not None:
+        a, op, b, c = last
+        lines.append(f"Check: {b} * {a} = {c}, right.")
+    else:
+        lines.append(f"Check: the steps give {gold}, right.")
+    summary = "; ".join(ln.strip() for ln in body[-2:])
+    return Trace("gsm_symbolic", question, "\n".join(lines),
+                 f"{summary}\nThe answer is {gold}.", gold, False)
+
+
+# --- datasets ---------------------------------------------------------------------------------
+
+def trace_for(family: str, entry: dict, rng: random.Random) -> Trace:
+    """The trace of one reasoning-gym entry of ``family``."""
+    meta, gold = entry["metadata"], str(entry["answer"])
+    if family in ("chain_sum", "basic_arithmetic"):
+        return _expression_trace(family, entry["question"], meta["expression"], gold, rng)
+    if family == "leg_counting":
+        return _leg_trace(entry["question"], meta["animals"], gold, rng)
+    if family == "gsm_symbolic":
+        return _gsm_trace(entry["question"], meta["answer_cot"], gold)
+    raise ValueError(f"No trace writer for {family!r}. Families: {sorted(FAMILIES)}")
+
+
+def dataset(family: str, size: int, seed: int):
+    """reasoning-gym's generator for ``family`` with the reasoner's config."""
+    import reasoning_gym
+
+    if family not in FAMILIES:
+        raise ValueError(f"Unknown family {family!r}. Families: {sorted(FAMILIES)}")
+    if not 0 <= seed or seed + size > MAX_SEED:
+        raise ValueError(f"seeds {seed}..{seed + size - 1} reach past {MAX_SEED:,}: those are "
+                         "kept for evaluation by others; use lower seeds.")
+    return reasoning_gym.create_dataset(family, size=size, seed=seed, **FAMILIES[family])
+
+
+def make_traces(counts: dict[str, int], seed: int, exclude: set[str] = frozenset()) -> list[Trace]:
+    """``counts[family]`` traces per family from seeds ``seed + offset`` (one block per family,
+    so families never share seeds), skipping questions in ``exclude`` (held-out sets)."""
+    rng = random.Random(seed)
+    out = []
+    for offset, family in enumerate(sorted(counts)):
+        data = dataset(family, counts[family], seed + offset * 100_000)
+        for entry in data:
+            if entry["question"] in exclude:
+                continue
+            out.append(trace_for(family, entry, rng))
+    rng.shuffle(out)
+    return out
+
+
+def held_out_questions() -> set[str]:
+    """Every question of the held-out sets, to keep out of training."""
+    return {e["question"] for family in FAMILIES
+            for e in dataset(family, HELD_OUT_SIZE, HELD_OUT_SEED)}
+
+
+def write_eval_set(path, size: int = 50, seed: int = HELD_OUT_SEED) -> int:
+    """``size`` problems per family from ``seed`` as JSONL (question, answer, family); returns
+    the number written. The default is the project's held-out set."""
+    import json
+    from pathlib import Path
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    n = 0
+    with open(path, "w") as f:
+        for family in FAMILIES:
+            for entry in dataset(family, size, seed):
+                f.write(json.dumps({"question": entry["question"], "answer": str(entry["answer"]),
+                                    "family": family}) + "\n")
+                n += 1
+    return n
+
+
+if __name__ == "__main__":  # python -m sgl_reason.reasoner.traces OUT.jsonl [SIZE] [SEED]
+    import sys
+
+    args = sys.argv[1:]
+    if not args:
+        sys.exit("usage: python -m sgl_reason.reasoner.traces OUT.jsonl [SIZE] [SEED]")
+    print(write_eval_set(args[0], *(int(a) for a in args[1:3])))

@@ -1,0 +1,83 @@
+"""Code-written reasoning traces: right answers, the trace shape, slips, seeds (no server)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from sgl_reason.reasoner import arith
+from sgl_reason.reasoner.traces import (
+    FAMILIES, MAX_SEED, THINK_END, THINK_START, dataset, make_traces, trace_for,
+)
+from sgl_reason.vote import extract_answer
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_every_trace_reaches_the_gold_answer_and_answers_from_its_thinking(family):
+    rng = random.Random(0)
+    for entry in dataset(family, 60, seed=7_000_000):
+        t = trace_for(family, entry, rng)
+        assert t.answer.splitlines()[-1] == f"The answer is {t.gold}."
+        assert extract_answer(t.answer) == t.gold
+        assert t.completion.startswith(f"{THINK_START}\n") and f"\n{THINK_END}\n" in t.completion
+        lines = t.thinking.splitlines()
+        assert lines[0].startswith("Plan:") and any(ln.startswith("Check") or "Check" in ln
+                                                    for ln in lines)
+        # the answer copies numbers the thinking wrote
+        numbers = [w.strip(".,:") for w in t.answer.split() if w.strip(".,:").lstrip("-").isdigit()]
+        assert all(n in t.thinking for n in numbers), (t.thinking, t.answer)
+
+
+def test_about_one_arithmetic_trace_in_five_slips_and_is_corrected_by_its_check():
+    traces = make_traces({"chain_sum": 150, "basic_arithmetic": 150, "leg_counting": 100},
+                         seed=7_100_000)
+    slipped = [t for t in traces if t.slipped]
+    assert 0.1 < len(slipped) / len(traces) < 0.3
+    for t in slipped:
+        assert "wrong" in t.thinking and "\nWait, " in t.thinking
+        assert t.thinking.rfind("Wait") < t.thinking.rfind(t.gold)  # the fix reaches the gold
+    assert not any("Wait" in t.thinking for t in traces if not t.slipped)
+
+
+def test_column_arithmetic_is_exact_and_a_slip_is_one_wrong_digit_fact():
+    rng = random.Random(1)
+    for _ in range(3000):
+        a, b, op = rng.randint(-999, 999), rng.randint(-999, 999), rng.choice("+-*")
+        assert arith.work(a, op, b).value == arith.APPLY[op](a, b)
+    w = arith.work(427, "+", 386, arith.Slip(random.Random(1)))
+    assert w.value != 813 and w.fixed == "7+6 is 13" and f"7+6={w.slipped}" in w.text
+
+
+def test_held_out_questions_are_never_trained_on():
+    held = {e["question"] for e in dataset("chain_sum", 20, seed=7_200_000)}
+    traces = make_traces({"chain_sum": 20}, seed=7_200_000, exclude=held)
+    assert traces == []
+
+
+def test_seeds_reserved_for_evaluation_by_others_are_refused():
+    with pytest.raises(ValueError, match="10,000,000"):
+        dataset("chain_sum", 10, seed=MAX_SEED - 5)
+
+
+@pytest.mark.slow
+def test_training_resumes_from_its_checkpoint_and_ships_a_small_adapter(tmp_path):
+    """Two steps, interrupted after the first: the rerun continues at step 2 (no step twice)."""
+    import json
+
+    from sgl_reason import model
+    from sgl_reason.reasoner.train import ADAPTER_FILE, TrainConfig, train
+
+    base = model.default_model_path()
+    if not model.is_prepared(base):
+        pytest.skip("run `sgl-reason model prepare` first")
+    config = TrainConfig(counts={"chain_sum": 4, "leg_counting": 4}, batch_size=4, rank=4,
+                         alpha=8, checkpoint_every=1, max_len=1024)
+    assert train(base, tmp_path, config, progress=False, max_steps=1) is None
+    assert not (tmp_path / "adapter").exists()
+    stats = train(base, tmp_path, config, progress=False)
+    log = [json.loads(line) for line in (tmp_path / "loss.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == list(range(1, stats["steps"] + 1)) and stats["steps"] == 2
+    weights = tmp_path / "adapter" / ADAPTER_FILE
+    assert weights.stat().st_size < 1 << 20  # LoRA and two marker rows, never the embedding
+    assert (tmp_path / "loss.png").stat().st_size > 0
