@@ -36,6 +36,11 @@ class ModelProfile(BaseModel):
     think_start: str
     # End-of-thinking marker; budget forcing writes exactly this text.
     think_end: str
+    # The end marker as the model emits it, when it is one token of the model's vocabulary
+    # (Qwen3's and R1's "</think>"). Detection (budget forcing, the single-request route,
+    # thinking-KV release) matches this token, so it is found however the tokenizer merges the
+    # text around it (".\n" then "</think>"); without it, the whole think_end text is matched.
+    end_token: str | None = None
     # Appended to the question: how the final answer should be written.
     answer_format: str = "Put the final answer within \\boxed{}."
     # Continuation used to extend thinking that closed before the minimum (s1's "Wait").
@@ -44,20 +49,25 @@ class ModelProfile(BaseModel):
     answer_probe: str = "\n\nThe final answer is"
     sampling: Sampling = Sampling()
 
+    @property
+    def end_marker(self) -> str:
+        """The text whose token ids detection matches: ``end_token``, else ``think_end``."""
+        return self.end_token or self.think_end
+
 
 QWEN3 = ModelProfile(
     name="qwen3", match=("qwen3",), native_thinking=True,
-    think_start="<think>\n", think_end="\n</think>\n\n",
+    think_start="<think>\n", think_end="\n</think>\n\n", end_token="</think>",
     sampling=Sampling(temperature=0.6, top_p=0.95, top_k=20),
 )
 QWQ = ModelProfile(
     name="qwq", match=("qwq",), native_thinking=True,
-    think_start="<think>\n", think_end="\n</think>\n\n",
+    think_start="<think>\n", think_end="\n</think>\n\n", end_token="</think>",
     sampling=Sampling(temperature=0.6, top_p=0.95, top_k=40),
 )
 DEEPSEEK_R1 = ModelProfile(
     name="deepseek-r1", match=("deepseek-r1", "r1-distill", "deepseek_r1"), native_thinking=True,
-    think_start="<think>\n", think_end="\n</think>\n\n",
+    think_start="<think>\n", think_end="\n</think>\n\n", end_token="</think>",
     answer_format="Please reason step by step, and put your final answer within \\boxed{}.",
     sampling=Sampling(temperature=0.6, top_p=0.95),
 )
@@ -72,7 +82,18 @@ PROMPTED = ModelProfile(
     sampling=Sampling(temperature=0.7, top_p=0.95),
 )
 
-PROFILES: dict[str, ModelProfile] = {p.name: p for p in (QWEN3, QWQ, DEEPSEEK_R1, PROMPTED)}
+# sgl-reason's own tiny reasoner (``sgl-reason model prepare --model reasoner``): SmolLM2-135M
+# fine-tuned on code-written traces (sgl_reason/reasoner/). "<think>" and "</think>" are added
+# single tokens; the model ends its answer with "The answer is X." and needs no format prompt.
+REASONER = ModelProfile(
+    name="reasoner", match=("sgl-reason-reasoner",), native_thinking=True,
+    think_start="<think>\n", think_end="\n</think>\n", end_token="</think>", answer_format="",
+    answer_probe="The answer is", sampling=Sampling(temperature=0.7, top_p=0.95),
+)
+
+PROFILES: dict[str, ModelProfile] = {
+    p.name: p for p in (QWEN3, QWQ, DEEPSEEK_R1, REASONER, PROMPTED)
+}
 
 
 def get_profile(name: str) -> ModelProfile:

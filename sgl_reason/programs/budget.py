@@ -14,7 +14,9 @@ request's own ``custom_params`` dict, which lives as long as the request:
 ``t`` is the request's committed KV length less its prompt (:func:`_tokens_before`), not
 ``len(req.output_ids)``, which lags by a step under SGLang's overlap scheduler, nor a count of
 calls, which a retraction would put one ahead. The model's own marker
-is detected in ``output_ids`` (possibly one step late, which only shifts the answer limit).
+is detected in ``output_ids`` (possibly one step late, which only shifts the answer limit) as
+``marker_ids`` (default ``end_ids``): the profile's single end token where the model has one, so
+that it is found whatever text the tokenizer merged next to it.
 Hard bound: at most ``budget`` tokens precede the first marker.
 """
 
@@ -95,8 +97,8 @@ def _tokens_before(req, counted: int) -> int:
 
 
 class BudgetForcingProcessor(_base()):
-    """Custom params per request: ``budget``, ``end_ids``, ``max_answer``, optional ``eos_ids``
-    and ``min_answer`` (with ``min_answer == max_answer`` the answer has exactly that many
+    """Custom params per request: ``budget``, ``end_ids``, ``max_answer``, optional
+    ``marker_ids`` (what detection matches, default ``end_ids``), ``eos_ids`` and ``min_answer`` (with ``min_answer == max_answer`` the answer has exactly that many
     tokens, its EOS included: fixed-shape benchmarks)."""
 
     def __call__(self, logits, custom_param_list: list[dict[str, Any]] | None = None):
@@ -120,8 +122,8 @@ class BudgetForcingProcessor(_base()):
         eos = p["_eos"]
         closed_at = p.get("_closed_at")
         if closed_at is None and req is not None:
-            out = req.output_ids
-            if len(out) >= len(end) and list(out[len(out) - len(end):]) == end:
+            out, marker = req.output_ids, p.get("marker_ids") or end
+            if len(out) >= len(marker) and list(out[len(out) - len(marker):]) == marker:
                 closed_at = p["_closed_at"] = len(out)
         if closed_at is None:
             j = t - p["budget"]

@@ -39,7 +39,16 @@ class ThinkPlan:
                  sampling: dict, early_stop: EarlyStop | None = None):
         self.profile, self.budget, self.sampling = profile, budget, sampling
         self.early_stop = early_stop
-        self.end_ids = backend.tokenize(profile.think_end)
+        self.end_ids = backend.tokenize(profile.think_end)  # what budget forcing writes
+        self.marker_ids = backend.tokenize(profile.end_marker)  # what detection matches
+        if profile.end_token is not None and len(self.marker_ids) != 1:
+            raise ValueError(
+                f"The {profile.name!r} profile's end token {profile.end_token!r} is "
+                f"{len(self.marker_ids)} tokens for the served model, not one: this model does "
+                "not have it. Pass the profile of the served model (profile=...)."
+            )
+        # where the marker token sits in the forced text ("\n" then "</think>": 1)
+        self.marker_offset = max(0, _find(self.end_ids, self.marker_ids))
         self.wait_len = len(backend.tokenize(profile.wait_text))
         single_ok = backend.supports_logit_processor and budget.min_thinking_tokens == 0
         if budget.mode == "single" and not single_ok:
@@ -78,7 +87,7 @@ def mask_eos_in_thinking(s, plan: ThinkPlan) -> None:
 
 
 def _stops(profile: ModelProfile) -> list[str]:
-    return list(dict.fromkeys([profile.think_end, profile.think_end.strip()]))
+    return list(dict.fromkeys([profile.think_end, profile.think_end.strip(), profile.end_marker]))
 
 
 def _chunked(s, plan: ThinkPlan) -> Sample:
@@ -118,22 +127,29 @@ def _single_request(s, plan: ThinkPlan) -> Sample:
     set_request_extras(
         s, custom_logit_processor=plan.processor,
         custom_params={"budget": b.thinking_tokens, "end_ids": plan.end_ids,
-                       "max_answer": b.max_answer_tokens},
+                       "marker_ids": plan.marker_ids, "max_answer": b.max_answer_tokens},
     )
     s += sgl.gen("completion", max_tokens=b.thinking_tokens + len(plan.end_ids)
                  + b.max_answer_tokens + 1, **plan.sampling)
     text, meta = s["completion"], s.get_meta_info("completion")
     ids = meta.get(OUTPUT_IDS_KEY) or []
-    at = _find(ids, plan.end_ids)
-    thinking_tokens = at if at >= 0 else len(ids)
-    answer_tokens = len(ids) - at - len(plan.end_ids) if at >= 0 else 0
+    at = _find(ids, plan.marker_ids)  # the marker token, however the text around it merged
+    k = plan.marker_offset
+    forced = at == b.thinking_tokens + k and ids[b.thinking_tokens:at] == plan.end_ids[:k]
+    if at < 0:
+        thinking_tokens, answer_tokens = len(ids), 0
+    elif forced:
+        thinking_tokens = b.thinking_tokens
+        answer_tokens = len(ids) - b.thinking_tokens - len(plan.end_ids)
+    else:
+        thinking_tokens, answer_tokens = at, len(ids) - at - len(plan.marker_ids)
     thinking, answer_text = _split(text, plan.profile.think_end)
     return Sample(
         text=text, thinking=thinking, answer_text=answer_text,
         # the processor ends the answer with a forced EOS as its max_answer-th token
         answer=_answer(answer_text, _cut(meta) or answer_tokens >= b.max_answer_tokens),
-        thinking_tokens=thinking_tokens, answer_tokens=answer_tokens,
-        forced=at == b.thinking_tokens, finish_reason=meta["finish_reason"]["type"],
+        thinking_tokens=thinking_tokens, answer_tokens=max(0, answer_tokens),
+        forced=forced, finish_reason=meta["finish_reason"]["type"],
     )
 
 

@@ -186,7 +186,7 @@ def think_end_for(model_path: str) -> tuple[str, str]:
     from sgl_reason.profiles import profile_for
 
     profile = profile_for(model_path)
-    return profile.think_end, f"the {profile.name!r} profile"
+    return profile.end_marker, f"the {profile.name!r} profile"
 
 
 def release_supported(server_args) -> list[str]:

@@ -50,3 +50,18 @@ def test_models_own_marker_ends_thinking_early():
     assert out[:5] == [30, 31, *END]
     # the marker is seen one step late at most; the answer stops within max_answer + 1
     assert len(out) <= 5 + 3 + 1 and out[-1] == EOS
+
+
+def test_a_single_token_marker_is_found_whatever_text_merged_before_it():
+    """Real reasoners write "</think>" as one token after a merged one (".\n"): detection
+    matches ``marker_ids``, not the whole forced text."""
+    merged_newline, marker = 33, 8
+    script = [30, 31, merged_newline, marker, 9, 40, 41, 42, 43, 44]
+    out = drive({"budget": 50, "end_ids": END, "marker_ids": [marker], "max_answer": 3},
+                lambda t: script[t] if t < len(script) else 45, 20)
+    assert out[:4] == [30, 31, merged_newline, marker]
+    assert len(out) <= 4 + 3 + 1 and out[-1] == EOS  # the answer limit applied after it
+    # matching the whole forced text instead never sees a close: the answer runs on
+    out = drive({"budget": 50, "end_ids": END, "max_answer": 3},
+                lambda t: script[t] if t < len(script) else 45, 20)
+    assert EOS not in out
