@@ -2,8 +2,10 @@
 
     .venv/bin/python programs/gsm8k_self_consistency.py --limit 20 --n 4 --out results/gsm8k_sc.jsonl
 
-Without --url it starts the embedded server (SmolLM2-135M on CPU: mechanics, not accuracy).
-Rerunning with the same --out resumes where it stopped.
+Without --url it starts the embedded server on --model (default: sgl-reason's tiny reasoner,
+which thinks before it answers; GSM8K is harder than the gsm_symbolic problems it was trained
+on, so expect low accuracy on CPU: mechanics, not accuracy). Rerunning with the same --out
+resumes where it stopped. The GSM8K test split (MIT, see data/gsm8k/LICENSE) ships in the repo.
 """
 
 from __future__ import annotations
@@ -16,9 +18,9 @@ from pathlib import Path
 from sgl_reason.cli import backend_for
 from sgl_reason.data import load
 from sgl_reason.evaluate import run
-from sgl_reason.programs import self_consistency
+from sgl_reason.programs import ThinkingBudget, self_consistency
 
-DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "gsm8k" / "test.jsonl"
+DEFAULT_DATA = Path(__file__).resolve().parents[1] / "data" / "gsm8k" / "test.jsonl"
 
 
 def main() -> None:
@@ -26,16 +28,19 @@ def main() -> None:
     parser.add_argument("--data", default=str(DEFAULT_DATA))
     parser.add_argument("--limit", type=int, default=20)
     parser.add_argument("--n", type=int, default=4)
-    parser.add_argument("--max-tokens", type=int, default=192)
+    parser.add_argument("--max-thinking-tokens", type=int, default=512)
+    parser.add_argument("--max-answer-tokens", type=int, default=128)
+    parser.add_argument("--model", default="reasoner", help="reasoner, smollm2 or a folder")
     parser.add_argument("--concurrency", type=int, default=2)
     parser.add_argument("--out", default="results/gsm8k_self_consistency.jsonl")
     parser.add_argument("--url", default=None)
     args = parser.parse_args()
 
     problems = load(args.data)[: args.limit]
-    with backend_for(args.url) as backend:
-        program = functools.partial(self_consistency, n=args.n, max_tokens=args.max_tokens,
-                                    backend=backend)
+    think = ThinkingBudget(max_thinking_tokens=args.max_thinking_tokens,
+                           max_answer_tokens=args.max_answer_tokens)
+    with backend_for(args.url, model=None if args.url else args.model) as backend:
+        program = functools.partial(self_consistency, n=args.n, think=think, backend=backend)
         summary = run(program, problems, args.out, concurrency=args.concurrency)
     print(json.dumps({k: v for k, v in summary.items() if k != "cost"}, indent=2))
 

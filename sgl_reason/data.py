@@ -1,6 +1,7 @@
 """Problem sets with graders: JSONL files (GSM8K's ``#### N`` understood) and reasoning-gym.
 
-A source is a path to a JSONL file with ``question`` and ``answer`` fields, or
+A source is a path to a JSONL file with ``question`` and ``answer`` fields (and optionally
+``family``, which splits the accuracy in eval summaries), or
 ``reasoning-gym:NAME[?size=K&seed=S]`` for one of reasoning-gym's seeded generators.
 """
 
@@ -23,6 +24,7 @@ class Problem:
     question: str
     gold: str
     grade: Callable[[str | None], bool] = field(repr=False)
+    family: str | None = None  # the record's "family" field (per-family accuracy), if any
 
 
 class DataError(ValueError):
@@ -60,7 +62,8 @@ def load_jsonl(path: str | Path) -> list[Problem]:
             answer = str(record["answer"])
             gold = extract_gsm8k_gold(answer) if "####" in answer else answer.strip()
             problems.append(Problem(str(number), record["question"], gold,
-                                    lambda p, g=gold: answers_match(p, g)))
+                                    lambda p, g=gold: answers_match(p, g),
+                                    family=record.get("family")))
     return problems
 
 
@@ -84,6 +87,7 @@ def load_reasoning_gym(spec: str) -> list[Problem]:
         problems.append(Problem(
             str(i), entry["question"], str(entry["answer"]),
             lambda p, e=entry: p is not None and dataset.score_answer(p, e) >= 1.0,
+            family=name,
         ))
     return problems
 

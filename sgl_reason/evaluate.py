@@ -40,25 +40,45 @@ def read_records(out: Path) -> list[dict]:
 
 
 def record_for(problem: Problem, result: ProgramResult) -> dict:
+    samples = result.samples
     return {
         "id": problem.id,
+        "family": problem.family,
         "question": problem.question,
         "gold": problem.gold,
         "prediction": result.answer,
         "correct": problem.grade(result.answer),
+        # per sample means over the program's samples (one for think_then_answer)
+        "thinking_tokens": sum(s.thinking_tokens for s in samples) / max(1, len(samples)),
+        "answer_tokens": sum(s.answer_tokens for s in samples) / max(1, len(samples)),
+        # True when any sample's thinking was closed by budget forcing, not by the model
+        "forced": any(s.forced for s in samples),
         "samples": [s.model_dump(exclude_none=True) for s in result.samples],
         "cost": result.cost.model_dump(),
         "info": result.info,
     }
 
 
-def summarize(records: list[dict], seconds: float) -> dict:
+def _accuracy(records: list[dict]) -> dict:
     n = len(records)
-    cost = sum((Cost(**r["cost"]) for r in records), Cost())
+    thinking = sorted(r.get("thinking_tokens", 0) for r in records)
     return {
         "problems": n,
         "accuracy": sum(r["correct"] for r in records) / n if n else 0.0,
         "extraction_rate": sum(r["prediction"] is not None for r in records) / n if n else 0.0,
+        # share of problems whose thinking the model closed itself (no sample forced)
+        "closed_rate": sum(not r.get("forced", False) for r in records) / n if n else 0.0,
+        "median_thinking_tokens": thinking[n // 2] if n else 0,
+    }
+
+
+def summarize(records: list[dict], seconds: float) -> dict:
+    n = len(records)
+    cost = sum((Cost(**r["cost"]) for r in records), Cost())
+    families = sorted({r["family"] for r in records if r.get("family")})
+    return {
+        **_accuracy(records),
+        "families": {f: _accuracy([r for r in records if r.get("family") == f]) for f in families},
         "tokens_per_problem": (cost.decode_tokens / n) if n else 0.0,
         "prefill_computed": cost.computed_prefill_tokens,
         "prefill_reused": cost.cached_tokens,
@@ -114,9 +134,13 @@ def run(program: Program, problems: list[Problem], out: str | Path, concurrency:
 def summary_table(summary: dict) -> str:
     rows = [("problems", summary["problems"]), ("accuracy", f"{summary['accuracy']:.3f}"),
             ("extraction rate", f"{summary['extraction_rate']:.3f}"),
+            ("closed thinking", f"{summary['closed_rate']:.3f}"),
             ("tokens per problem", f"{summary['tokens_per_problem']:.1f}"),
             ("prefill computed", summary["prefill_computed"]),
             ("prefill reused", summary["prefill_reused"]),
             ("requests", summary["requests"]), ("seconds", summary["seconds"])]
+    rows += [(f"accuracy {f}", f"{a['accuracy']:.3f} (closed {a['closed_rate']:.2f}, "
+              f"median thinking {a['median_thinking_tokens']})")
+             for f, a in summary.get("families", {}).items()]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)

@@ -16,7 +16,7 @@ from sgl_reason.evaluate import read_records, run, summary_path
 from sgl_reason.programs import ProgramResult, Sample
 
 ROOT = Path(__file__).resolve().parents[1]
-GSM8K = ROOT.parent / "shared" / "data" / "gsm8k" / "test.jsonl"
+GSM8K = ROOT / "data" / "gsm8k" / "test.jsonl"
 
 
 def test_gsm8k_gold_is_the_number_after_hashes():
@@ -77,12 +77,34 @@ def test_runner_writes_records_and_resumes(tmp_path):
     assert len(read_records(out)) == 4
 
 
+def test_records_carry_token_counts_and_the_summary_splits_by_family(tmp_path):
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"question": f"q{i}", "answer": str(i),
+                                        "family": "a" if i < 2 else "b"}) + "\n"
+                            for i in range(4)))
+
+    def program(question: str) -> ProgramResult:
+        i = int(question[1:])
+        s = Sample(text="", answer_text=str(i % 3), answer=str(i % 3), thinking_tokens=10 * i,
+                   answer_tokens=5, forced=i == 3)
+        return ProgramResult(answer=s.answer, samples=[s], cost=Cost(requests=1))
+
+    summary = run(program, load(str(data)), tmp_path / "out.jsonl", progress=False)
+    record = next(r for r in read_records(tmp_path / "out.jsonl") if r["id"] == "4")
+    assert (record["family"], record["thinking_tokens"], record["answer_tokens"],
+            record["forced"], record["correct"]) == ("b", 30, 5, True, False)
+    assert summary["families"]["a"]["accuracy"] == 1.0  # q0 -> 0, q1 -> 1
+    assert summary["families"]["b"]["accuracy"] == 0.5  # q2 -> 2, q3 -> 0
+    assert summary["families"]["b"]["closed_rate"] == 0.5 and summary["closed_rate"] == 0.75
+
+
 @pytest.mark.server
 def test_gsm8k_recipe_runs_on_the_real_server(runtime, tmp_path):
     out = tmp_path / "sc.jsonl"
     subprocess.run(
         [sys.executable, str(ROOT / "programs" / "gsm8k_self_consistency.py"), "--limit", "2",
-         "--n", "2", "--max-tokens", "24", "--out", str(out), "--url", runtime.url],
+         "--n", "2", "--max-thinking-tokens", "16", "--max-answer-tokens", "8", "--out", str(out),
+         "--url", runtime.url],
         check=True, timeout=300,
     )
     records = read_records(out)
