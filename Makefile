@@ -23,7 +23,8 @@ $(STAMP): requirements/cpu.txt requirements/cpu-constraints.txt pyproject.toml
 	touch $(STAMP)
 
 model: setup
-	$(BIN)/sgl-reason model prepare
+	$(BIN)/sgl-reason model prepare --model smollm2
+	$(BIN)/sgl-reason model prepare --model reasoner
 
 demo: model
 	$(BIN)/python -m sgl_reason.demo

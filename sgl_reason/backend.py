@@ -25,6 +25,7 @@ import functools
 import logging
 
 from sglang.lang.backend.runtime_endpoint import RuntimeEndpoint
+from sglang.lang.chat_template import register_chat_template_matching_function
 from sglang.lang.global_config import global_config
 from sglang.lang.interpreter import ProgramState, StreamExecutor
 from sglang.lang.ir import SglSamplingParams
@@ -33,6 +34,12 @@ from sglang.utils import http_request
 from sgl_reason.cost import CostRecorder
 
 logger = logging.getLogger(__name__)
+
+
+@register_chat_template_matching_function
+def _match_reasoner(model_path: str) -> str | None:
+    """sgl-reason's tiny reasoner was trained on ChatML prompts (``reasoner/train.py``)."""
+    return "chatml" if "sgl-reason-reasoner" in model_path.lower() else None
 
 _EXTRAS_VAR = "__sgl_reason_request_extras__"
 # Extras that SGLang expects inside sampling_params rather than at the top of the request.

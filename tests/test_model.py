@@ -41,3 +41,47 @@ def test_prepare_is_idempotent_and_fast():
     assert model.prepare() == path
     assert time.monotonic() - started < 1.0
     assert (path / "config.json").is_file() and (path / "model.safetensors").is_file()
+
+
+def test_an_unknown_model_name_lists_the_known_ones():
+    with pytest.raises(model.ModelPrepareError, match="Known models: reasoner, smollm2"):
+        model.prepare(model="qwen-9000")
+    from sgl_reason.runtime.server import ServerStartError, resolve_model
+
+    with pytest.raises(ServerStartError, match=r"not a known model name \(reasoner, smollm2\)"):
+        resolve_model("qwen-9000")
+
+
+def test_a_missing_or_corrupt_adapter_file_is_named_with_how_to_rebuild(monkeypatch, tmp_path):
+    import shutil
+
+    copy = tmp_path / "sgl_reason" / "reasoner" / "adapter"
+    shutil.copytree(model.ADAPTER_DIR, copy)
+    model.check_adapter(copy)  # the shipped adapter passes
+    weights = copy / "adapter_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-1] + b"\0")
+    with pytest.raises(model.ModelPrepareError,
+                       match=r"adapter_model.safetensors has sha256 .* expected .*git checkout"):
+        model.check_adapter(copy)
+    (copy / "adapter_config.json").unlink()
+    with pytest.raises(model.ModelPrepareError, match=r"adapter_config.json is missing.*train-reasoner"):
+        model.check_adapter(copy)
+    monkeypatch.setattr(model, "ADAPTER_DIR", copy)
+    monkeypatch.setenv("SGL_REASON_HOME", str(tmp_path / "home"))
+    with pytest.raises(model.ModelPrepareError, match="is missing"):
+        model.prepare(model="reasoner")
+
+
+def test_the_reasoner_folder_is_prepared_once_with_its_marker_tokens():
+    path = model.model_path("reasoner")
+    if not model.is_prepared(path):
+        pytest.skip("run `sgl-reason model prepare --model reasoner` first")
+    started = time.monotonic()
+    assert model.prepare(model="reasoner") == path
+    assert time.monotonic() - started < 1.0
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    ids = tokenizer("x.\n</think>\nThe", add_special_tokens=False)["input_ids"]
+    assert tokenizer.convert_tokens_to_ids("</think>") in ids  # one token, kept in the text
+    assert tokenizer.decode(ids, skip_special_tokens=True) == "x.\n</think>\nThe"

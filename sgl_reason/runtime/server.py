@@ -111,9 +111,12 @@ def build_server_args(
 
 
 def resolve_model(model: str | Path | None) -> Path:
-    """``None`` means the prepared default model; any other path must exist."""
+    """``None`` means the prepared SmolLM2 folder; a name of ``sgl_reason.model.MODEL_NAMES``
+    is prepared on demand (offline, idempotent); any other path must exist."""
     from sgl_reason import model as default_model
 
+    if isinstance(model, str) and model in default_model.MODEL_NAMES:
+        return default_model.prepare(model=model)
     if model is None:
         path = default_model.default_model_path()
         if not default_model.is_prepared(path):
@@ -125,9 +128,11 @@ def resolve_model(model: str | Path | None) -> Path:
     path = Path(model).expanduser()
     if not path.is_dir() or not (path / "config.json").is_file():
         raise ServerStartError(
-            f"Model path {str(model)!r} is not a model folder (no config.json there). Pass a local "
-            "Hugging Face model folder with --model, or run `sgl-reason model prepare` and omit "
-            "--model to use the default model. Models are never downloaded at run time."
+            f"Model {str(model)!r} is not a known model name "
+            f"({', '.join(default_model.MODEL_NAMES)}) and not a model folder (no config.json "
+            "there). Pass a name or a local Hugging Face model folder with --model (`sgl-reason "
+            "model prepare --model NAME` builds a named one). Models are never downloaded at "
+            "run time."
         )
     return path
 

@@ -1,0 +1,273 @@
+"""``sgl-reason model train-reasoner``: LoRA on SmolLM2-135M-Instruct over code-written traces.
+
+What trains: LoRA (rank ``rank``) on every linear layer of the 30 blocks, and the embedding rows
+of the two added marker tokens ``<think>``/``</think>`` (peft's trainable tokens; the embedding
+is tied, so the same rows are the output head's). Everything else is frozen.
+
+Deterministic for a seed on one machine: the data, their order, the initialization of the new
+rows and of LoRA. Interrupted runs resume: every ``checkpoint_every`` steps the adapter,
+optimizer, schedule, step and loss log go to ``out/checkpoint`` (written to a temporary folder,
+then renamed); a rerun with the same config continues from there.
+
+Loss is computed on the assistant's tokens only (thinking, marker, answer, EOS). Batches group
+traces of similar length (little padding); tokens/s counts real tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+import shutil
+import time
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from sgl_reason.reasoner.traces import (
+    MAX_SEED, THINK_END, THINK_START, Trace, held_out_questions, make_traces,
+)
+
+logger = logging.getLogger(__name__)
+
+ADAPTER_FILE = "adapter_model.safetensors"
+
+
+class TrainConfig(BaseModel):
+    """One training run. ``counts`` traces per family, from seeds ``seed`` upward."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    counts: dict[str, int] = {"chain_sum": 800, "basic_arithmetic": 900,
+                              "leg_counting": 600, "gsm_symbolic": 250}
+    seed: int = Field(1_000_000, ge=0, lt=MAX_SEED)
+    rank: int = Field(32, ge=1)
+    alpha: int = Field(64, ge=1)
+    lr: float = Field(1e-3, gt=0)
+    warmup_steps: int = Field(20, ge=0)
+    epochs: float = Field(1.0, gt=0)
+    batch_size: int = Field(8, ge=1)
+    max_len: int = Field(512, ge=64)  # longer traces are left out (counted in the stats)
+    checkpoint_every: int = Field(50, ge=1)
+    device: str = "cpu"
+
+
+def chat_prompt(question: str) -> str:
+    """The prompt exactly as SGLang's ``chatml`` frontend template writes it, thinking opened."""
+    return f"<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n{THINK_START}\n"
+
+
+def add_marker_tokens(tokenizer) -> list[int]:
+    """Add ``<think>``/``</think>`` as single, non-special tokens (kept in decoded text, as
+    Qwen3's are); return their ids."""
+    from tokenizers import AddedToken
+
+    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False)
+                          for t in (THINK_START, THINK_END)])
+    return tokenizer.convert_tokens_to_ids([THINK_START, THINK_END])
+
+
+def encode(tokenizer, trace: Trace) -> tuple[list[int], list[int]]:
+    """Token ids and labels (-100 on the prompt). The prompt and the completion are tokenized
+    apart, as the server tokenizes a prompt and then generates."""
+    prompt = tokenizer(chat_prompt(trace.question), add_special_tokens=False)["input_ids"]
+    rest = trace.completion[len(THINK_START) + 1:] + "<|im_end|>"
+    target = tokenizer(rest, add_special_tokens=False)["input_ids"]
+    return prompt + target, [-100] * len(prompt) + target
+
+
+def _batches(examples, batch_size: int, rng: random.Random):
+    """Shuffle, group by length in windows of 32 batches, shuffle the batches."""
+    order = list(range(len(examples)))
+    rng.shuffle(order)
+    window = batch_size * 32
+    batches = []
+    for w in range(0, len(order), window):
+        chunk = sorted(order[w:w + window], key=lambda i: len(examples[i][0]))
+        batches += [chunk[i:i + batch_size] for i in range(0, len(chunk), batch_size)]
+    rng.shuffle(batches)
+    return batches
+
+
+def _collate(examples, idx, pad_id: int):
+    import torch
+
+    n = max(len(examples[i][0]) for i in idx)
+    ids = torch.full((len(idx), n), pad_id, dtype=torch.long)
+    labels = torch.full((len(idx), n), -100, dtype=torch.long)
+    mask = torch.zeros((len(idx), n), dtype=torch.long)
+    for row, i in enumerate(idx):
+        x, y = examples[i]
+        ids[row, :len(x)] = torch.tensor(x)
+        labels[row, :len(y)] = torch.tensor(y)
+        mask[row, :len(x)] = 1
+    return ids, labels, mask
+
+
+def build_model(base: Path, config: TrainConfig):
+    """Base model with the marker tokens added and the LoRA adapter attached (untrained)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    marker_ids = add_marker_tokens(tokenizer)
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
+    emb = model.get_input_embeddings().weight
+    with torch.no_grad():  # a new row starts as the mean of the rows of its spelling
+        for text, i in zip((THINK_START, THINK_END), marker_ids):
+            pieces = tokenizer(text.replace("<", "< ").split(" ", 1)[1], add_special_tokens=False)
+            emb[i] = emb[pieces["input_ids"]].mean(0)
+    lora = LoraConfig(
+        r=config.rank, lora_alpha=config.alpha, lora_dropout=0.0, bias="none",
+        target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        trainable_token_indices={"embed_tokens": marker_ids}, task_type="CAUSAL_LM",
+    )
+    return tokenizer, get_peft_model(model, lora), marker_ids
+
+
+def train(base: Path, out: Path, config: TrainConfig, *, progress: bool = True,
+          max_steps: int | None = None) -> dict | None:
+    """Train (or resume) and write the adapter, loss curve and stats to ``out``.
+
+    ``max_steps``: stop (checkpointed) after that many steps of this call and return None; a
+    later call resumes."""
+    import torch
+    from tqdm import tqdm
+
+    torch.manual_seed(config.seed)
+    if config.device == "cpu":
+        torch.set_num_threads(max(1, torch.get_num_threads()))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "train_config.json").write_text(config.model_dump_json(indent=2))
+    tokenizer, model, marker_ids = build_model(base, config)
+    model.to(config.device)
+
+    traces = make_traces(config.counts, config.seed, exclude=held_out_questions())
+    encoded = [encode(tokenizer, t) for t in traces]
+    examples = [e for e in encoded if len(e[0]) <= config.max_len]
+    rng = random.Random(config.seed)
+    batches = []
+    for _ in range(math.ceil(config.epochs)):
+        batches += _batches(examples, config.batch_size, rng)
+    batches = batches[:max(1, round(len(batches) * config.epochs / math.ceil(config.epochs)))]
+    total_steps = len(batches)
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=0.0)
+
+    def lr_at(step: int) -> float:
+        if step < config.warmup_steps:
+            return (step + 1) / config.warmup_steps
+        done = (step - config.warmup_steps) / max(1, total_steps - config.warmup_steps)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, done)))
+
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_at)
+    log: list[dict] = []
+    step, seconds, tokens = 0, 0.0, 0
+    ckpt = out / "checkpoint"
+    if (ckpt / "state.pt").is_file():
+        state = torch.load(ckpt / "state.pt", weights_only=False)
+        model.load_state_dict(state["model"], strict=False)
+        optimizer.load_state_dict(state["optimizer"])
+        schedule.load_state_dict(state["schedule"])
+        step, seconds, tokens, log = state["step"], state["seconds"], state["tokens"], state["log"]
+        logger.info("resuming at step %d of %d", step, total_steps)
+
+    autocast = torch.autocast(config.device if config.device != "cpu" else "cpu",
+                              dtype=torch.bfloat16)
+    model.train()
+    bar = tqdm(total=total_steps, initial=step, disable=not progress, desc="train-reasoner",
+               unit="step")
+    stop_at = total_steps if max_steps is None else min(total_steps, step + max_steps)
+    while step < stop_at:
+        start = time.perf_counter()
+        ids, labels, mask = (t.to(config.device) for t in
+                             _collate(examples, batches[step], tokenizer.pad_token_id or 0))
+        with autocast:
+            loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+        schedule.step()
+        optimizer.zero_grad(set_to_none=True)
+        step += 1
+        seconds += time.perf_counter() - start
+        tokens += int(mask.sum())
+        log.append({"step": step, "loss": float(loss), "tokens": tokens, "seconds": seconds})
+        bar.set_postfix(loss=f"{float(loss):.3f}", tok_s=f"{tokens / seconds:.0f}")
+        bar.update(1)
+        if step % config.checkpoint_every == 0 or step == stop_at:
+            _checkpoint(ckpt, model, optimizer, schedule, step, seconds, tokens, log)
+    bar.close()
+    if step < total_steps:
+        return None
+
+    stats = {
+        "steps": total_steps, "examples": len(examples), "left_out_longer": len(encoded) - len(examples),
+        "tokens_trained": tokens, "train_seconds": round(seconds, 1),
+        "tokens_per_second": round(tokens / seconds, 1) if seconds else None,
+        "final_loss": sum(r["loss"] for r in log[-20:]) / min(20, len(log)),
+        "slipped_traces": sum(t.slipped for t in traces),
+        "families": {f: sum(t.family == f for t in traces) for f in config.counts},
+        "marker_ids": marker_ids, "config": config.model_dump(),
+    }
+    save_adapter(model, tokenizer, out)
+    (out / "train_stats.json").write_text(json.dumps(stats, indent=2))
+    (out / "loss.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
+    plot_loss(log, out / "loss.png")
+    return stats
+
+
+def _checkpoint(ckpt: Path, model, optimizer, schedule, step, seconds, tokens, log) -> None:
+    import torch
+
+    trainable = {k: v for k, v in model.state_dict().items()
+                 if "lora_" in k or "trainable_tokens" in k}
+    staging = ckpt.with_name(ckpt.name + ".tmp")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    torch.save({"model": trainable, "optimizer": optimizer.state_dict(),
+                "schedule": schedule.state_dict(), "step": step, "seconds": seconds,
+                "tokens": tokens, "log": log}, staging / "state.pt")
+    shutil.rmtree(ckpt, ignore_errors=True)
+    staging.rename(ckpt)
+
+
+def save_adapter(model, tokenizer, out: Path) -> None:
+    """The adapter in bf16 (half the bytes; merged into a bf16 model anyway) and the tokenizer
+    with its marker tokens."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    adapter = out / "adapter"
+    model.save_pretrained(adapter, save_embedding_layers=False)
+    weights = load_file(adapter / ADAPTER_FILE)
+    save_file({k: v.to(torch.bfloat16).contiguous() for k, v in weights.items()},
+              adapter / ADAPTER_FILE)
+    tokenizer.save_pretrained(adapter)
+
+
+def plot_loss(log: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [r["step"] for r in log]
+    losses = [r["loss"] for r in log]
+    k = 20
+    smooth = [sum(losses[max(0, i - k + 1):i + 1]) / len(losses[max(0, i - k + 1):i + 1])
+              for i in range(len(losses))]
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(steps, losses, alpha=0.3, label="loss")
+    ax.plot(steps, smooth, label=f"mean of last {k}")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss (assistant tokens)")
+    ax.set_yscale("log")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
