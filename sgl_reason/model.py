@@ -110,8 +110,10 @@ def is_prepared(path: Path) -> bool:
     return manifest.get("adapter_sha256", ADAPTER_SHA256) == ADAPTER_SHA256
 
 
-def check_adapter(folder: Path = ADAPTER_DIR) -> None:
-    """Every adapter file present with its known sha256, or an error naming the file."""
+def check_adapter(folder: Path | None = None) -> None:
+    """Every adapter file (default: the shipped ones) present with its known sha256, or an
+    error naming the file."""
+    folder = folder or ADAPTER_DIR
     for name, expected in ADAPTER_SHA256.items():
         path = folder / name
         rebuild = (f"Restore it with `git checkout -- {path.relative_to(path.parents[2])}`, or "

@@ -1,4 +1,6 @@
-"""Test session setup: offline, and ONE embedded SGLang server shared by all server tests."""
+"""Test session setup: offline, and one embedded SGLang server per model, each started once and
+shared by the tests that need it (SmolLM2 for mechanics, the tiny reasoner where a test needs a
+model that reasons)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,23 @@ def runtime():
     with EmbeddedRuntime() as rt:
         yield rt
     assert rt.server.group_pids() == [], "the session server left processes behind"
+
+
+# strict memory checks: a leaked or double-freed KV slot fails the server
+STRICT_MEMORY = {"SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY": "1",
+                 "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1"}
+
+
+@pytest.fixture(scope="session")
+def reasoner():
+    """The real SGLang server on sgl-reason's tiny reasoner (thinking-KV metrics on), started
+    once per test session."""
+    from sgl_reason import EmbeddedRuntime
+
+    with EmbeddedRuntime(model="reasoner", env=STRICT_MEMORY,
+                         extra_args=["--thinking-kv-policy", "keep", "--enable-metrics"]) as rt:
+        yield rt
+    assert rt.server.group_pids() == [], "the reasoner server left processes behind"
 
 
 @pytest.fixture

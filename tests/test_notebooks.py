@@ -1,4 +1,5 @@
-"""The notebooks execute top to bottom against the session's embedded server."""
+"""The notebooks execute top to bottom against the session's embedded servers: the reasoner's
+for those about reasoning, SmolLM2's for the KV-memory one (fixed-shape requests)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 import pytest
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
+ON_SMOLLM2 = {"03_kv_memory_over_time"}
 
 pytestmark = pytest.mark.server
 
@@ -16,11 +18,12 @@ def test_there_are_notebooks():
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
-def test_notebook_runs(path, runtime, monkeypatch):
+def test_notebook_runs(path, request, monkeypatch):
     import nbformat
     from nbclient import NotebookClient
 
-    monkeypatch.setenv("SGL_REASON_URL", runtime.url)  # the kernel inherits it
+    server = request.getfixturevalue("runtime" if path.stem in ON_SMOLLM2 else "reasoner")
+    monkeypatch.setenv("SGL_REASON_URL", server.url)  # the kernel inherits it
     notebook = nbformat.read(path, as_version=4)
     NotebookClient(notebook, timeout=600, kernel_name="python3",
                    resources={"metadata": {"path": str(path.parent)}}).execute()

@@ -79,5 +79,6 @@ def test_training_resumes_from_its_checkpoint_and_ships_a_small_adapter(tmp_path
     log = [json.loads(line) for line in (tmp_path / "loss.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log] == list(range(1, stats["steps"] + 1)) and stats["steps"] == 2
     weights = tmp_path / "adapter" / ADAPTER_FILE
-    assert weights.stat().st_size < 1 << 20  # LoRA and two marker rows, never the embedding
+    # LoRA rank 4 in bf16 (2.4 MB) and two marker rows, never the 57 MB embedding
+    assert weights.stat().st_size < 4 << 20
     assert (tmp_path / "loss.png").stat().st_size > 0

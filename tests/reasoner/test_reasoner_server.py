@@ -1,0 +1,79 @@
+"""The tiny reasoner on the real SGLang server: it closes its own thinking with its single
+marker token, budget forcing still binds, and thinking-KV release finds the model's marker."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import requests
+
+from sgl_reason.programs import ThinkingBudget, think_then_answer
+from sgl_reason.programs.budget import BudgetForcingProcessor
+from sgl_reason.profiles import Sampling
+
+pytestmark = [pytest.mark.server, pytest.mark.slow]
+
+SINK, WINDOW = 4, 16  # the plugin's defaults (the `reasoner` fixture: tests/conftest.py)
+QUESTION = "State the final answer to the following arithmetic problem: 12 + 7 - 5 ="
+GREEDY = Sampling(temperature=0)
+
+
+def _tokenize(url: str, text: str) -> list[int]:
+    r = requests.post(url + "/tokenize", json={"prompt": text, "add_special_tokens": False},
+                      timeout=30)
+    r.raise_for_status()
+    return r.json()["tokens"]
+
+
+def _metric(url: str, name: str) -> float:
+    text = requests.get(url + "/metrics", timeout=10).text
+    match = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
+    assert match, f"{name} not on /metrics"
+    return float(match.group(1))
+
+
+def test_the_reasoner_closes_its_own_thinking_and_answers_from_it(reasoner):
+    budget = ThinkingBudget(max_thinking_tokens=400, max_answer_tokens=64)
+    result = think_then_answer(QUESTION, budget=budget, backend=reasoner.endpoint, sampling=GREEDY)
+    s = result.samples[0]
+    assert result.info["profile"] == "reasoner" and result.info["route"] == "single"
+    assert not s.forced and 20 < s.thinking_tokens < 400, s
+    assert "Check" in s.thinking and result.answer == "14", s.text
+    # one marker token, which the model wrote itself, not the text budget forcing writes
+    assert result.info["marker_tokens"] == 3 and "</think>" not in s.thinking
+    assert s.answer_tokens == result.cost.decode_tokens - s.thinking_tokens - 1
+
+
+def test_budget_forcing_still_binds_on_the_reasoner(reasoner):
+    budget = ThinkingBudget(max_thinking_tokens=24, max_answer_tokens=48)
+    result = think_then_answer(QUESTION, budget=budget, backend=reasoner.endpoint, sampling=GREEDY)
+    s = result.samples[0]
+    assert s.forced and s.thinking_tokens == 24
+    assert result.cost.decode_tokens == 24 + 3 + s.answer_tokens
+    assert s.answer is not None  # the model answers from the cut thinking
+
+
+def test_release_on_answer_finds_the_models_own_marker(reasoner):
+    """A request closed by the model: thinking KV is released from its own marker token."""
+    url = reasoner.url
+    marker = _tokenize(url, "</think>")
+    assert len(marker) == 1
+    prompt = (f"<|im_start|>user\n{QUESTION}<|im_end|>\n<|im_start|>assistant\n<think>\n")
+    before = _metric(url, "sgl_reason:thinking_kv_released_tokens_total")
+    out = requests.post(url + "/generate", timeout=600, json={
+        "text": prompt, "return_logprob": True,
+        "custom_logit_processor": BudgetForcingProcessor.to_str(),
+        "sampling_params": {"temperature": 0, "max_new_tokens": 480, "custom_params": {
+            "budget": 400, "end_ids": _tokenize(url, "\n</think>\n"), "marker_ids": marker,
+            "max_answer": 64, "thinking_kv_policy": "release-on-answer"}},
+    }).json()
+    ids = [t[1] for t in out["meta_info"]["output_token_logprobs"]]
+    m = ids.index(marker[0])
+    assert m < 400, "the model did not close its thinking"
+    released = _metric(url, "sgl_reason:thinking_kv_released_tokens_total") - before
+    assert released == m - SINK - WINDOW
+    # the answer still comes in the model's format; its value is not asserted: with only the
+    # sink and the window kept, this answer read "12 + 7 - 5 = 12 - 5 = 6" where keep's says 14
+    # (the quality cost issue 17 is about)
+    assert "\nThe answer is " in out["text"].split("</think>", 1)[1]
