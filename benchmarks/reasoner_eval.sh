@@ -5,7 +5,7 @@
 #   bash benchmarks/reasoner_eval.sh [OUT_DIR] [SUBSET] [SC_SUBSET] [SMOLLM2_BUDGET]
 # The reasoner's greedy run covers the whole held-out set (50 per family). The CPU server
 # decodes ~70-100 tokens/s at 8 requests, so the other runs use the first SUBSET problems per
-# family (default 10: SmolLM2's greedy run and both models' budget runs) and SC_SUBSET per
+# family (default 8: SmolLM2's greedy run and both models' budget runs) and SC_SUBSET per
 # arithmetic family for self-consistency (default 5). SmolLM2 never closes its thinking, so its
 # budget always binds: it thinks SMOLLM2_BUDGET tokens (default 256). Eval records resume:
 # rerunning skips finished problems.
@@ -13,7 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 OUT=${1:-results/reasoner}
-SUBSET=${2:-10}
+SUBSET=${2:-8}
 SC_SUBSET=${3:-5}
 SMOLLM2_BUDGET=${4:-256}
 DATA=data/reasoner_heldout.jsonl  # 50 problems per family, seed 5,000,000
