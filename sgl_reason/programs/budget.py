@@ -98,7 +98,8 @@ def _tokens_before(req, counted: int) -> int:
 
 class BudgetForcingProcessor(_base()):
     """Custom params per request: ``budget``, ``end_ids``, ``max_answer``, optional
-    ``marker_ids`` (what detection matches, default ``end_ids``), ``eos_ids`` and ``min_answer`` (with ``min_answer == max_answer`` the answer has exactly that many
+    ``marker_ids`` (what detection matches, default ``end_ids``), ``eos_ids`` and
+    ``min_answer`` (with ``min_answer == max_answer`` the answer has exactly that many
     tokens, its EOS included: fixed-shape benchmarks)."""
 
     def __call__(self, logits, custom_param_list: list[dict[str, Any]] | None = None):

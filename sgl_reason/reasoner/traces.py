@@ -90,21 +90,15 @@ def _drop_single_parens(toks: list[str]) -> list[str]:
 def _next_op(toks: list[str]) -> int:
     """Index of the operator to apply next: innermost first bracket, ``*`` before ``+ -``,
     left to right (Python's order for these operators)."""
-    lo, hi = 0, len(toks)
-    depth, best = 0, -1
-    for i, t in enumerate(toks):  # the first bracket group that holds no other bracket
+    lo, hi, start = 0, len(toks), 0
+    for i, t in enumerate(toks):  # the first ")" closes the innermost group: the last "(" before it
         if t == "(":
-            depth += 1
             start = i
         elif t == ")":
             lo, hi = start + 1, i
             break
     ops = [i for i in range(lo, hi) if toks[i] in ("+", "-", "*")]
-    for i in ops:
-        if toks[i] == "*":
-            return i
-    best = ops[0]
-    return best
+    return next((i for i in ops if toks[i] == "*"), ops[0])
 
 
 def _evaluate(expression: str, slip_at: int | None, rng: random.Random) -> list[_Step]:
@@ -123,17 +117,16 @@ def _evaluate(expression: str, slip_at: int | None, rng: random.Random) -> list[
 _INVERSE = {"+": "-", "-": "+"}
 
 
-def _check_line(step: _Step, expected_a: int) -> tuple[str, bool]:
-    """Recompute a step backwards: the result with the inverse operation gives back ``a``."""
+def _check_line(step: _Step) -> str:
+    """Recompute a step backwards: the result with the inverse operation gives back ``a``
+    (products: the other number on top gives the result). A slipped step fails its check."""
     r = step.worked.value
     if step.op == "*":
-        again = APPLY["*"](step.b, step.a)  # products: the other number on top
-        ok = again == r
-        return f"{step.b} * {step.a} = {again}, " + ("right" if ok else f"not {r}, wrong"), ok
+        again = APPLY["*"](step.b, step.a)
+        return f"{step.b} * {step.a} = {again}, " + ("right" if again == r else f"not {r}, wrong")
     back = APPLY[_INVERSE[step.op]](r, step.b)
-    ok = back == expected_a
-    verdict = "right" if ok else f"not {expected_a}, wrong"
-    return f"{r} {_INVERSE[step.op]} {step.b} = {back}, {verdict}", ok
+    verdict = "right" if back == step.a else f"not {step.a}, wrong"
+    return f"{r} {_INVERSE[step.op]} {step.b} = {back}, {verdict}"
 
 
 def _expression_trace(family: str, question: str, expression: str, gold: str,
@@ -152,25 +145,8 @@ def _expression_trace(family: str, question: str, expression: str, gold: str,
         lines.append(f"Step {k}: {s.a} {s.op} {s.b}. {s.worked.text}.")
         if k < len(steps):
             lines.append(f"Now: {s.after}")
-    first = steps[-1].worked.value
-    lines.append(f"So the result is {first}.")
-    checks, bad = [], None
-    for k, s in enumerate(steps):
-        line, ok = _check_line(s, s.a)
-        if not ok and bad is None:
-            bad = k
-        checks.append(line)
-    # A slip's check: the step's own result recomputed backwards does not give its operand.
-    if slip_at is not None:
-        s = steps[slip_at]
-        r = s.worked.value
-        if s.op == "*":
-            right = APPLY["*"](s.a, s.b)
-            checks[slip_at] = f"{s.b} * {s.a} = {right}, not {r}, wrong"
-        else:
-            back = APPLY[_INVERSE[s.op]](r, s.b)
-            checks[slip_at] = f"{r} {_INVERSE[s.op]} {s.b} = {back}, not {s.a}, wrong"
-    lines.append("Check: " + "; ".join(checks) + ".")
+    lines.append(f"So the result is {steps[-1].worked.value}.")
+    lines.append("Check: " + "; ".join(_check_line(s) for s in steps) + ".")
     final_steps = steps
     if slip_at is not None:
         fixed = _evaluate(expression, None, rng)
@@ -181,7 +157,7 @@ def _expression_trace(family: str, question: str, expression: str, gold: str,
         if redo:
             lines.append("Redo from there: " + ", ".join(redo) + ".")
         lines.append(f"Now the result is {fixed[-1].worked.value}, and checking again: "
-                     + "; ".join(_check_line(x, x.a)[0] for x in fixed) + ".")
+                     + "; ".join(_check_line(x) for x in fixed) + ".")
         final_steps = fixed
     value = final_steps[-1].worked.value
     if str(value) != gold.strip():

@@ -138,8 +138,6 @@ def train(base: Path, out: Path, config: TrainConfig, *, progress: bool = True,
     from tqdm import tqdm
 
     torch.manual_seed(config.seed)
-    if config.device == "cpu":
-        torch.set_num_threads(max(1, torch.get_num_threads()))
     out.mkdir(parents=True, exist_ok=True)
     (out / "train_config.json").write_text(config.model_dump_json(indent=2))
     tokenizer, model, marker_ids = build_model(base, config)
@@ -176,8 +174,7 @@ def train(base: Path, out: Path, config: TrainConfig, *, progress: bool = True,
         step, seconds, tokens, log = state["step"], state["seconds"], state["tokens"], state["log"]
         logger.info("resuming at step %d of %d", step, total_steps)
 
-    autocast = torch.autocast(config.device if config.device != "cpu" else "cpu",
-                              dtype=torch.bfloat16)
+    autocast = torch.autocast(torch.device(config.device).type, dtype=torch.bfloat16)
     model.train()
     bar = tqdm(total=total_steps, initial=step, disable=not progress, desc="train-reasoner",
                unit="step")
@@ -194,10 +191,11 @@ def train(base: Path, out: Path, config: TrainConfig, *, progress: bool = True,
         schedule.step()
         optimizer.zero_grad(set_to_none=True)
         step += 1
+        loss = loss.item()
         seconds += time.perf_counter() - start
         tokens += int(mask.sum())
-        log.append({"step": step, "loss": float(loss), "tokens": tokens, "seconds": seconds})
-        bar.set_postfix(loss=f"{float(loss):.3f}", tok_s=f"{tokens / seconds:.0f}")
+        log.append({"step": step, "loss": loss, "tokens": tokens, "seconds": seconds})
+        bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tokens / seconds:.0f}")
         bar.update(1)
         if step % config.checkpoint_every == 0 or step == stop_at:
             _checkpoint(ckpt, model, optimizer, schedule, step, seconds, tokens, log)

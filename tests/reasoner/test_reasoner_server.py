@@ -40,7 +40,8 @@ def test_the_reasoner_closes_its_own_thinking_and_answers_from_it(reasoner):
     assert result.info["profile"] == "reasoner" and result.info["route"] == "single"
     assert not s.forced and 20 < s.thinking_tokens < 400, s
     assert "Check" in s.thinking and result.answer == "14", s.text
-    # one marker token, which the model wrote itself, not the text budget forcing writes
+    # budget forcing would write 3 tokens ("\n", "</think>", "\n"); the model's own close was
+    # found by its one marker token, which ends the thinking and is counted in neither part
     assert result.info["marker_tokens"] == 3 and "</think>" not in s.thinking
     assert s.answer_tokens == result.cost.decode_tokens - s.thinking_tokens - 1
 

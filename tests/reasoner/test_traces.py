@@ -21,9 +21,7 @@ def test_every_trace_reaches_the_gold_answer_and_answers_from_its_thinking(famil
         assert t.answer.splitlines()[-1] == f"The answer is {t.gold}."
         assert extract_answer(t.answer) == t.gold
         assert t.completion.startswith(f"{THINK_START}\n") and f"\n{THINK_END}\n" in t.completion
-        lines = t.thinking.splitlines()
-        assert lines[0].startswith("Plan:") and any(ln.startswith("Check") or "Check" in ln
-                                                    for ln in lines)
+        assert t.thinking.startswith("Plan:") and "Check" in t.thinking
         # the answer copies numbers the thinking wrote
         numbers = [w.strip(".,:") for w in t.answer.split() if w.strip(".,:").lstrip("-").isdigit()]
         assert all(n in t.thinking for n in numbers), (t.thinking, t.answer)
