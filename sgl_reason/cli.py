@@ -258,6 +258,8 @@ def _raise_interrupt(signum, frame):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from sgl_reason.runtime.server import describe_cpu_defaults
+
     parser = argparse.ArgumentParser(prog="sgl-reason", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -281,8 +283,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="start the real SGLang HTTP server (unknown flags go to sglang.launch_server)",
         description="Start SGLang's HTTP server. Flags not listed here are passed to "
         "sglang.launch_server unchanged. Without CUDA, CPU defaults apply unless overridden: "
-        "--device cpu --attention-backend torch_native --max-total-tokens 16384 "
-        "--mem-fraction-static 0.05, host 127.0.0.1.",
+        f"{describe_cpu_defaults()} (it lets clients send code the server runs). Host "
+        "127.0.0.1 unless --host says otherwise.",
     )
     p.add_argument("--model", "--model-path", dest="model", default=None,
                    help="reasoner, smollm2 or a local model folder (default: the prepared "

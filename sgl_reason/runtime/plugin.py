@@ -14,8 +14,29 @@ attention: the baseline the thinking-KV benchmark compares against.
 from __future__ import annotations
 
 import logging
+import os
 
 logger = logging.getLogger(__name__)
+
+# The patches replace SGLang internals by name; they are written against exactly this release.
+SUPPORTED_SGLANG = "0.5.23"
+VERSION_OVERRIDE_ENV = "SGL_REASON_ANY_SGLANG"
+
+
+def check_sglang_version(version: str | None = None) -> None:
+    """Refuse to patch an SGLang release the runtime was not written against, where a patch
+    could silently miss, unless :data:`VERSION_OVERRIDE_ENV` is set to 1."""
+    if version is None:
+        import sglang
+
+        version = getattr(sglang, "__version__", "unknown")
+    if version == SUPPORTED_SGLANG or os.environ.get(VERSION_OVERRIDE_ENV) == "1":
+        return
+    raise RuntimeError(
+        f"sgl-reason's runtime patches are written for SGLang {SUPPORTED_SGLANG}, and SGLang "
+        f"{version} is installed. Install sglang=={SUPPORTED_SGLANG} (`pip install "
+        f"\"sgl-reason[gpu]\"` or `make setup`), or set {VERSION_OVERRIDE_ENV}=1 to try anyway."
+    )
 
 
 def register_cpu() -> None:
@@ -30,6 +51,7 @@ def register_cpu() -> None:
     from sgl_reason.runtime import cpu_attention, cpu_compat, fp8_kv
 
     cpu_compat.activate()
+    check_sglang_version()
     _install(cpu_attention.install, fp8_kv.install)
     if torch.cuda.is_available():  # the per-token pool's GPU path (SGLang's Triton backend)
         from sgl_reason.runtime import triton_fp8
@@ -41,6 +63,7 @@ def register() -> None:
     """Thinking-aware KV release (radix cache backend, flags, scheduler hooks)."""
     from sgl_reason.runtime import thinking_kv
 
+    check_sglang_version()
     _install(thinking_kv.install)
 
 

@@ -8,6 +8,7 @@ launcher, the scheduler and the detokenizer together, by the group's id.
 from __future__ import annotations
 
 import collections
+import ipaddress
 import logging
 import os
 import signal
@@ -33,9 +34,11 @@ CPU_DEFAULTS: dict[str, str | None] = {
     # Without it the idle scheduler busy-polls and holds a whole core of a 2-core machine.
     "--sleep-on-idle": None,
     # Thinking budgets are enforced inside one request by a custom logit processor. It runs
-    # client-supplied code, which is why it is only a default for the local CPU server.
+    # client-supplied code (SGLang unpickles it with dill), so it is a default only for a
+    # server bound to a loopback address (LOOPBACK_ONLY); elsewhere the user must ask for it.
     "--enable-custom-logit-processor": None,
 }
+LOOPBACK_ONLY = frozenset({"--enable-custom-logit-processor"})
 DEFAULT_HOST = "127.0.0.1"
 LOG_TAIL_LINES = 60
 # The smallest pool that serves SGLang's own warm-up and a short request.
@@ -90,15 +93,43 @@ def has_flag(args: Sequence[str], flag: str) -> bool:
     return any(a == flag or a.startswith(flag + "=") for a in args)
 
 
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is only reachable from this machine (``localhost``, 127.0.0.0/8, ::1)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a host name: it may resolve to anything
+        return False
+
+
+def describe_cpu_defaults() -> str:
+    """The CPU defaults as one line, for ``--help`` (the README and user guide say the same)."""
+    def spell(flags):
+        return " ".join(f if CPU_DEFAULTS[f] is None else f"{f} {CPU_DEFAULTS[f]}" for f in flags)
+    always = [f for f in CPU_DEFAULTS if f not in LOOPBACK_ONLY]
+    return (f"{spell(always)}, and only when the host is a loopback address "
+            f"{spell(f for f in CPU_DEFAULTS if f in LOOPBACK_ONLY)}")
+
+
 def build_server_args(
     model: str | Path, host: str, port: int, extra: Sequence[str], cpu: bool
 ) -> list[str]:
-    """The ``sglang.launch_server`` argument list: the user's flags win over CPU defaults."""
+    """The ``sglang.launch_server`` argument list: the user's flags win over CPU defaults.
+    Defaults in :data:`LOOPBACK_ONLY` (code sent by clients) apply only on a loopback host."""
     args = ["--model-path", str(model), "--host", host, "--port", str(port)]
     if cpu:
         for flag, value in CPU_DEFAULTS.items():
-            if not has_flag(extra, flag):
-                args += [flag] if value is None else [flag, value]
+            if has_flag(extra, flag):
+                continue
+            if flag in LOOPBACK_ONLY and not is_loopback(host):
+                logger.warning(
+                    "%s is off: the server binds %s, not a loopback address, and the flag lets "
+                    "clients send code the server runs. Thinking budgets use two requests "
+                    "instead of one; pass %s yourself if every client is trusted.",
+                    flag, host, flag)
+                continue
+            args += [flag] if value is None else [flag, value]
     args += list(extra)
     total = flag_value(args, "--max-total-tokens")
     if total is not None and int(total) < MIN_TOTAL_TOKENS:

@@ -133,3 +133,27 @@ def test_a_script_sent_sigterm_stops_its_embedded_server():
             os.killpg(server, signal.SIGKILL)
         proc.stdout.close()
 
+
+
+def test_a_server_bound_beyond_loopback_refuses_client_code():
+    """Bound to every interface, the server takes no logit processor (SGLang would unpickle the
+    client's code), answers such a request with a 4xx that names the flag, and serves on."""
+    from sgl_reason.programs.budget import BudgetForcingProcessor
+    from sgl_reason.runtime.server import ServerProcess
+
+    proc = ServerProcess(host="0.0.0.0", extra_args=["--max-total-tokens", "1024"])
+    try:
+        proc.start()
+        local = f"http://127.0.0.1:{proc.port}"  # traffic stays on loopback
+        info = requests.get(local + "/get_server_info", timeout=30).json()
+        assert info["enable_custom_logit_processor"] is False
+        r = requests.post(local + "/generate", timeout=60, json={
+            "text": "Hi", "custom_logit_processor": BudgetForcingProcessor.to_str(),
+            "sampling_params": {"max_new_tokens": 2}})
+        assert 400 <= r.status_code < 500 and "--enable-custom-logit-processor" in r.text
+        r = requests.post(local + "/generate", timeout=60,
+                          json={"text": "Hi", "sampling_params": {"max_new_tokens": 2}})
+        assert r.json()["meta_info"]["completion_tokens"] == 2
+    finally:
+        proc.stop()
+    assert proc.group_pids() == []

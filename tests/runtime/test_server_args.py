@@ -49,3 +49,32 @@ def test_port_in_use(runtime_model_path):
 def runtime_model_path(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     return tmp_path
+
+
+LOGIT = "--enable-custom-logit-processor"
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2", "localhost", "::1"])
+def test_client_code_is_a_default_only_on_loopback(host):
+    assert server.has_flag(build_server_args("/m", host, 1, [], cpu=True), LOGIT)
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.168.1.5", "my-host.example"])
+def test_a_server_others_can_reach_runs_no_client_code_unless_asked(host, caplog):
+    args = build_server_args("/m", host, 1, [], cpu=True)
+    assert not server.has_flag(args, LOGIT)
+    assert server.has_flag(args, "--sleep-on-idle")  # the other defaults still apply
+    assert f"{LOGIT} is off: the server binds {host}" in caplog.text
+    assert server.has_flag(build_server_args("/m", host, 1, [LOGIT], cpu=True), LOGIT)
+
+
+def test_the_runtime_patches_refuse_an_sglang_they_were_not_written_for(monkeypatch):
+    from sgl_reason.runtime import plugin
+
+    plugin.check_sglang_version(plugin.SUPPORTED_SGLANG)
+    monkeypatch.delenv(plugin.VERSION_OVERRIDE_ENV, raising=False)
+    with pytest.raises(RuntimeError, match=r"written for SGLang 0\.5\.23, and SGLang 0\.6\.0 is "
+                                           r"installed\. Install sglang==0\.5\.23"):
+        plugin.check_sglang_version("0.6.0")
+    monkeypatch.setenv(plugin.VERSION_OVERRIDE_ENV, "1")
+    plugin.check_sglang_version("0.6.0")
