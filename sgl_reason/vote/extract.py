@@ -11,7 +11,9 @@
     2     last ``#### X`` (GSM8K)                      the rest of that line
     3     last "the answer is X" / "final answer: X"  X up to the end of its sentence or line,
           / "answer: X" (case-insensitive)            without markdown ``**``, ``$``, ``\\(...\\)``
-                                                      or a trailing period
+                                                      or a trailing period; "answer:" at a line's
+                                                      end reads the next line, "answer is"
+                                                      does not; an empty phrase is skipped
     4     last number in the text                     that number as written ("1,234", "-3.5",
                                                       "3/4")
     -     nothing matched                             ``None``
@@ -89,10 +91,14 @@ def _boxed_contents(text: str) -> list[str]:
     return found
 
 
-def _clean_phrase_tail(tail: str) -> str:
-    """Cut an answer phrase's tail to the answer itself."""
+def _clean_phrase_tail(tail: str, next_line: bool) -> str:
+    """Cut an answer phrase's tail to the answer itself. ``next_line``: a phrase that ends its
+    line may be answered on the next non-empty one ("Final answer:\n42"); "the answer is" at
+    the end of a line states nothing (what follows is another part of the text)."""
     tail = tail.lstrip(" \t*_:：")
-    if tail.startswith("\n"):  # "Final answer:\n42" -> the next non-empty line
+    if tail.startswith("\n"):
+        if not next_line:
+            return ""
         tail = tail.lstrip()
     tail = tail.split("\n", 1)[0]
     tail = re.split(r"\.(?:\s|$)", tail, maxsplit=1)[0]  # end of sentence, not "3.5"
@@ -135,7 +141,7 @@ def _extract(text: str) -> str | None:
         if m.group(1).strip():
             return m.group(1).strip()
     for m in reversed(list(_PHRASE.finditer(text))):
-        answer = _clean_phrase_tail(text[m.end():])
+        answer = _clean_phrase_tail(text[m.end():], next_line=not m[0].lower().endswith("is"))
         if answer:
             return answer
     numbers = _PROSE_NUMBER.findall(text)

@@ -150,3 +150,14 @@ def test_extract_gsm8k_gold():
 def test_extract_gsm8k_gold_missing_names_the_problem():
     with pytest.raises(ValueError, match=r"####.*'answer' column"):
         extract_gsm8k_gold("How many clips did Natalia sell?")
+
+
+@pytest.mark.parametrize("text, answer", [
+    # SmolLM2 wrote both: "the answer is" at a line's end states nothing, and an empty later
+    # phrase does not override an earlier real answer
+    (" 20\n\nA:The answer is 20.\n\nC:The answer is \n</reasoning>\n\nD:", "20"),
+    ("The answer is 20.\nThe answer is \n\nD:", "20"),
+    ("Final answer:\n42", "42"),  # a phrase ending in a colon is answered on the next line
+])
+def test_an_answer_phrase_does_not_read_across_a_line_break(text, answer):
+    assert extract_answer(text) == answer
