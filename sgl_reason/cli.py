@@ -86,14 +86,22 @@ def _cmd_serve(args: argparse.Namespace, sglang_args: list[str]) -> int:
         server.stop()
 
 
-def _options(pairs: list[str]) -> dict[str, str]:
-    """``KEY=VALUE`` strings as keyword arguments (pydantic converts and validates the values)."""
+def _options(pairs: list[str], fields=None) -> dict[str, str]:
+    """``KEY=VALUE`` strings as keyword arguments (pydantic converts and validates the values);
+    a key that is not one of ``fields`` is refused with the list of valid ones."""
     options = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise ValueError(f"{pair!r} is not KEY=VALUE: write e.g. probe_confidence=0.4")
-        options[key.strip().replace("-", "_")] = value.strip()
+        key = key.strip().replace("-", "_")
+        if fields is not None and key not in fields:
+            import difflib
+
+            near = difflib.get_close_matches(key, fields, n=1)
+            hint = f" Did you mean {near[0]}?" if near else ""
+            raise ValueError(f"{key!r} is not an option.{hint} Options: {', '.join(sorted(fields))}")
+        options[key] = value.strip()
     return options
 
 
@@ -174,7 +182,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         from sgl_reason.early_stop import EarlyStop
 
         try:
-            config = EarlyStop(signal=args.early_stop, **_options(args.early_stop_option))
+            options = _options(args.early_stop_option, set(EarlyStop.model_fields) - {"signal"})
+            config = EarlyStop(signal=args.early_stop, **options)
             if think is not None and args.early_stop != "consensus":
                 config.check_budget(think.thinking_tokens)
         except ValueError as error:

@@ -75,7 +75,15 @@ def load_reasoning_gym(spec: str) -> list[Problem]:
     name, _, query = spec.partition("?")
     options = {k: int(v[-1]) for k, v in parse_qs(query).items()}
     import reasoning_gym
+    from reasoning_gym.factory import DATASETS
 
+    if name not in DATASETS:
+        import difflib
+
+        near = difflib.get_close_matches(name, DATASETS, n=3)
+        hint = f" Did you mean {' or '.join(near)}?" if near else ""
+        raise DataError(f"reasoning-gym has no dataset {name!r}.{hint} Its datasets: "
+                        f"{', '.join(sorted(DATASETS))}")
     try:
         dataset = reasoning_gym.create_dataset(name, size=options.get("size", 50),
                                                seed=options.get("seed", 0))

@@ -129,6 +129,11 @@ def test_bad_early_stop_names_the_choices(tmp_path, capsys):
     assert "KEY=VALUE" in capsys.readouterr().err
     assert main([*base, "--early-stop-option", "probe_confidence=0.4"]) == 2
     assert "needs --early-stop" in capsys.readouterr().err
+    # a misspelled key names the one it resembles and lists the valid ones
+    assert main([*base, "--early-stop", "probe", "--early-stop-option", "probe_confidense=0.4"]) == 2
+    err = capsys.readouterr().err
+    assert "'probe_confidense' is not an option. Did you mean probe_confidence?" in err
+    assert "probe_tokens" in err and "Extra inputs" not in err
 
 
 @pytest.mark.server

@@ -39,8 +39,9 @@ def test_reasoning_gym_source_is_seeded_and_graded():
     b = load("reasoning-gym:basic_arithmetic?size=5&seed=3")
     assert [p.question for p in a] == [p.question for p in b] and len(a) == 5
     assert a[0].grade(a[0].gold) and not a[0].grade(None)
-    with pytest.raises(DataError, match="no usable dataset"):
-        load("reasoning-gym:no_such_task")
+    with pytest.raises(DataError, match=r"no dataset 'chain_summ'\. Did you mean chain_sum"
+                                         r"(.|\n)*Its datasets: .*basic_arithmetic"):
+        load("reasoning-gym:chain_summ")
 
 
 def test_answers_match():
