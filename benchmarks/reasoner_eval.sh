@@ -6,15 +6,16 @@
 # The reasoner's greedy run covers the whole held-out set (50 per family). The CPU server
 # decodes ~70-100 tokens/s at 8 requests, so the other runs use the first SUBSET problems per
 # family (default 8: SmolLM2's greedy run and both models' budget runs) and SC_SUBSET per
-# arithmetic family for self-consistency (default 5). SmolLM2 never closes its thinking, so its
-# budget always binds: it thinks SMOLLM2_BUDGET tokens (default 256). Eval records resume:
-# rerunning skips finished problems.
+# arithmetic family for self-consistency (default 10). SmolLM2 never closes its thinking, so its
+# budget always binds: it thinks SMOLLM2_BUDGET tokens (default 256). MODELS (default
+# "reasoner smollm2") picks the models to run. Eval records resume: rerunning skips finished
+# problems.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 OUT=${1:-results/reasoner}
 SUBSET=${2:-8}
-SC_SUBSET=${3:-5}
+SC_SUBSET=${3:-10}
 SMOLLM2_BUDGET=${4:-256}
 DATA=data/reasoner_heldout.jsonl  # 50 problems per family, seed 5,000,000
 BIN=.venv/bin
@@ -52,13 +53,14 @@ subset "$SUBSET" "$OUT/budget_set.jsonl" "$ARITH"
 subset "$SC_SUBSET" "$OUT/sc_set.jsonl" "$ARITH"
 
 trap 'stop reasoner; stop smollm2' EXIT
-for model in reasoner smollm2; do
+for model in ${MODELS:-reasoner smollm2}; do
   port=$([ "$model" = reasoner ] && echo 30110 || echo 30120)
-  full=$([ "$model" = reasoner ] && echo 1024 || echo "$SMOLLM2_BUDGET")
+  full=$([ "$model" = reasoner ] && echo 1536 || echo "$SMOLLM2_BUDGET")
   url="http://127.0.0.1:$port"
   serve "$model" "$port"
   ev() { "$BIN/sgl-reason" eval --url "$url" --concurrency 8 "$@"; }
-  # 1. greedy, a budget that does not bind for the reasoner (its longest traces are ~600 tokens)
+  # 1. greedy, a budget that does not bind for the reasoner (the code-written traces of the
+  #    held-out problems think at most 942 tokens)
   data=$([ "$model" = reasoner ] && echo "$DATA" || echo "$OUT/subset.jsonl")
   ev --data "$data" --program think_then_answer --max-thinking-tokens "$full" \
      --max-answer-tokens 192 --temperature 0 --out "$OUT/${model}_greedy.jsonl"

@@ -139,8 +139,22 @@ def backend_for(url: str | None, server_args: list[str] | None = None, model: st
         yield rt.endpoint
 
 
-def _cmd_eval(args: argparse.Namespace) -> int:
+def _program(args: argparse.Namespace, backend, think, extra: dict):
+    """The program ``eval`` runs on each question, its options bound."""
     import functools
+
+    from sgl_reason import programs
+
+    if args.program == "think_then_answer":
+        return functools.partial(programs.think_then_answer, budget=think, backend=backend, **extra)
+    if args.program == "self_consistency":
+        return functools.partial(programs.self_consistency, n=args.n, max_tokens=args.max_tokens,
+                                 think=think, backend=backend, **extra)
+    return functools.partial(programs.best_of_n, n=args.n, max_tokens=args.max_tokens,
+                             think=think, backend=backend, **extra)
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from sgl_reason import evaluate, programs
@@ -194,18 +208,14 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         from sgl_reason.profiles import Sampling
 
         early["sampling"] = Sampling(temperature=args.temperature)
-    with backend_for(args.url, args.server_arg, args.model) as backend:
-        if args.program == "think_then_answer":
-            program = functools.partial(programs.think_then_answer, budget=think, backend=backend,
-                                        **early)
-        elif args.program == "self_consistency":
-            program = functools.partial(programs.self_consistency, n=args.n,
-                                        max_tokens=args.max_tokens, think=think, backend=backend,
-                                        **early)
-        else:
-            program = functools.partial(programs.best_of_n, n=args.n, max_tokens=args.max_tokens,
-                                        think=think, backend=backend, **early)
-        summary = evaluate.run(program, problems, out, concurrency=args.concurrency)
+    if problems and not evaluate.pending(problems, out):
+        print(f"every problem already has a record in {out}: nothing to run, no server "
+              "started (delete the file to run again)", file=sys.stderr)
+        summary = evaluate.finish(problems, out)
+    else:
+        with backend_for(args.url, args.server_arg, args.model) as backend:
+            summary = evaluate.run(_program(args, backend, think, early), problems, out,
+                                   concurrency=args.concurrency)
     print(evaluate.summary_table(summary))
     print(f"records: {out}\nsummary: {evaluate.summary_path(out)}")
     return 0

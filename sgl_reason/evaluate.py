@@ -72,7 +72,8 @@ def _accuracy(records: list[dict]) -> dict:
     }
 
 
-def summarize(records: list[dict], seconds: float) -> dict:
+def summarize(records: list[dict], wall_seconds: float) -> dict:
+    """``wall_seconds``: the run's wall time (its resumed parts added up)."""
     n = len(records)
     cost = sum((Cost(**r["cost"]) for r in records), Cost())
     families = sorted({r["family"] for r in records if r.get("family")})
@@ -83,18 +84,49 @@ def summarize(records: list[dict], seconds: float) -> dict:
         "prefill_computed": cost.computed_prefill_tokens,
         "prefill_reused": cost.cached_tokens,
         "requests": cost.requests,
-        "seconds": round(seconds, 2),
+        "wall_seconds": round(wall_seconds, 2),
+        # each problem's own wall time, added up: larger than wall_seconds when problems overlap
+        "problem_seconds": round(cost.seconds, 2),
         "cost": cost.model_dump(),
     }
 
 
+def pending(problems: list[Problem], out: str | Path) -> list[Problem]:
+    """The problems that have no record in ``out`` yet (a rerun runs only these)."""
+    done = {r["id"] for r in read_records(Path(out))}
+    return [p for p in problems if p.id not in done]
+
+
+def finish(problems: list[Problem], out: str | Path, seconds: float = 0.0) -> dict:
+    """Rewrite ``out`` with one record per problem in input order, and write the summary;
+    ``seconds`` of this run are added to the wall time of the runs before it."""
+    out = Path(out)
+    by_id = {r["id"]: r for r in read_records(out)}
+    order = [p.id for p in problems]
+    records = [by_id[i] for i in order if i in by_id]
+    rest = [r for i, r in by_id.items() if i not in set(order)]  # other problems' records stay
+    staging = out.with_name(out.name + ".tmp")
+    staging.write_text("".join(json.dumps(r) + "\n" for r in records + rest))
+    staging.replace(out)
+    before = 0.0
+    if summary_path(out).exists():
+        try:
+            before = json.loads(summary_path(out).read_text()).get("wall_seconds", 0.0)
+        except json.JSONDecodeError:
+            logger.warning("%s: unreadable summary; its wall time is not carried over", out)
+    summary = summarize(records, before + seconds)
+    summary_path(out).write_text(json.dumps(summary, indent=2))
+    return summary
+
+
 def run(program: Program, problems: list[Problem], out: str | Path, concurrency: int = 4,
         progress: bool = True) -> dict:
-    """Run ``program`` on every problem not yet in ``out``; return the summary of all records."""
+    """Run ``program`` on every problem not yet in ``out``; return the summary of all records
+    (records in input order, wall time summed over resumed runs)."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    done = {r["id"] for r in read_records(out)}
-    todo = [p for p in problems if p.id not in done]
+    todo = pending(problems, out)
+    done = len(problems) - len(todo)
     started = time.perf_counter()
     bar = None
     if progress:
@@ -120,15 +152,12 @@ def run(program: Program, problems: list[Problem], out: str | Path, concurrency:
             for future in futures:
                 future.cancel()
             logger.warning("interrupted: %s holds %d finished problems; rerun to resume",
-                           out, len(done) + finished)
+                           out, done + finished)
             raise
         finally:
             if bar is not None:
                 bar.close()
-    records = [r for r in read_records(out) if r["id"] in {p.id for p in problems}]
-    summary = summarize(records, time.perf_counter() - started)
-    summary_path(out).write_text(json.dumps(summary, indent=2))
-    return summary
+    return finish(problems, out, time.perf_counter() - started)
 
 
 def summary_table(summary: dict) -> str:
@@ -138,7 +167,9 @@ def summary_table(summary: dict) -> str:
             ("tokens per problem", f"{summary['tokens_per_problem']:.1f}"),
             ("prefill computed", summary["prefill_computed"]),
             ("prefill reused", summary["prefill_reused"]),
-            ("requests", summary["requests"]), ("seconds", summary["seconds"])]
+            ("requests", summary["requests"]),
+            ("wall seconds", summary.get("wall_seconds", summary.get("seconds"))),
+            ("problem seconds (summed)", summary.get("problem_seconds", "-"))]
     rows += [(f"accuracy {f}", f"{a['accuracy']:.3f} (closed {a['closed_rate']:.2f}, "
               f"median thinking {a['median_thinking_tokens']})")
              for f, a in summary.get("families", {}).items()]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -112,3 +113,41 @@ def test_gsm8k_recipe_runs_on_the_real_server(runtime, tmp_path):
     assert len(records) == 2 and all(len(r["samples"]) == 2 for r in records)
     assert all(r["cost"]["requests"] == 3 for r in records)
     assert json.loads(summary_path(out).read_text())["problems"] == 2
+
+
+def test_records_end_in_input_order_and_wall_time_adds_up_over_resumed_runs(tmp_path):
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"question": f"q{i}", "answer": str(i)}) + "\n"
+                            for i in range(6)))
+    problems, out = load(str(data)), tmp_path / "out.jsonl"
+
+    def program(question: str) -> ProgramResult:
+        time.sleep(0.05 * (6 - int(question[1:])))  # later problems finish first
+        return ProgramResult(answer="0", samples=[], cost=Cost(requests=1, seconds=1.0))
+
+    first = run(program, problems[:3], out, concurrency=3, progress=False)
+    assert [r["id"] for r in read_records(out)] == ["1", "2", "3"]
+    second = run(program, problems, out, concurrency=6, progress=False)
+    assert [r["id"] for r in read_records(out)] == ["1", "2", "3", "4", "5", "6"]
+    assert second["wall_seconds"] > first["wall_seconds"] > 0
+    assert second["problem_seconds"] == 6.0  # each problem's own time, added up
+
+
+def test_eval_rerun_on_a_finished_file_starts_no_server(tmp_path, capsys, monkeypatch):
+    from sgl_reason import cli
+
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"question": "q0", "answer": "0"}\n')
+    out = tmp_path / "out.jsonl"
+    run(lambda q: ProgramResult(answer="0", samples=[], cost=Cost(requests=1)),
+        load(str(data)), out, progress=False)
+    wall = json.loads(summary_path(out).read_text())["wall_seconds"]
+
+    def no_server(*args):
+        raise AssertionError("a finished eval started a server")
+
+    monkeypatch.setattr(cli, "backend_for", no_server)
+    assert cli.main(["eval", "--program", "think_then_answer", "--data", str(data),
+                     "--out", str(out)]) == 0
+    assert "nothing to run, no server started" in capsys.readouterr().err
+    assert json.loads(summary_path(out).read_text())["wall_seconds"] == wall  # not reset to 0

@@ -1,37 +1,55 @@
 """Integer arithmetic written out in steps small enough for a 135M model.
 
-Every operation returns a :class:`Worked`: its result and the text that derives it, one digit
-fact per column (``7+6=13``), so that no step asks the model for more than a table lookup and
-a carry. A *slip* replaces one digit fact with a plausible wrong one (off by one) and carries the
-error through, exactly as a careless human would; the trace builder then lets a later check
-catch it.
+Every operation returns a :class:`Worked`: its result and the text that derives it. Each
+decision the model would otherwise make silently is written down where it is made, because the
+v1 reasoner's errors were exactly those silent decisions (measured on held-out problems: the
+wrong digit of a long number, a dropped borrow, "124 is less than 47"):
 
-| operation            | written as (``427 + 386``, ``47 * 83``, ...)                      |
-|----------------------|-------------------------------------------------------------------|
-| one-digit operands   | the fact itself: ``7+6=13``                                       |
-| a + b (a, b >= 0)    | columns from the ones: ``7+6=13, 2+8+1=11, 4+3+1=8, so 813``      |
-| a - b (a >= b >= 0)  | columns with borrows: ``7-6=1, 12-8=4, 3-3=0, so 41``             |
-| a - b (a < b)        | ``b - a`` in columns, then the sign: ``..., so -41``              |
-| signed a + b, a - b  | reduced to one of the above, the reduction said in words          |
-| a * b                | ``a`` times each digit of ``b`` with carries, partials added      |
+- every column is named by its place (``tens 2+8+1=11, 1 carry 1``), so the digit to fetch and
+  the digit to write are found by the label, not by counting positions;
+- a borrow is its own fact (``tens 6-1=5, 5<8, borrow: 15-8=7``);
+- before a difference the two numbers are compared, length first, then digit by digit from the
+  left (``both have 2 digits, 9=9, 4<5: 95 is larger``).
+
+A *slip* replaces one column's result with a plausible wrong one (off by one) and carries the
+error through, as a careless human would; the trace builder lets a later check catch it. The
+wrong value is wrapped in :data:`UNTRAINED` markers so that training can leave it out of the
+loss: the model learns to catch and fix a slip, never to make one.
+
+| operation            | written as                                                          |
+|----------------------|---------------------------------------------------------------------|
+| one-digit operands   | the fact itself: ``7+6=13``                                         |
+| a + b (a, b >= 0)    | ``ones 7+6=13, 3 carry 1; tens 2+8+1=11, 1 carry 1; hundreds 4+3+1=8.  |
+|                      | So 427+386=813``                                                    |
+| a - b (a >= b >= 0)  | ``ones 3<7, borrow: 13-7=6; tens 6-1=5, 5<8, borrow: 15-8=7; ...``  |
+| pos - neg            | the comparison, then the larger minus the smaller, then the sign    |
+| signed a + b, a - b  | reduced to one of the above, the reduction said in words            |
+| a * b                | ``a`` times each digit of ``b`` in named columns, partials added    |
 """
 
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import dataclass
+
+# Around a slipped (deliberately wrong) value in a trace: training masks what is inside.
+UNTRAINED = ("\x02", "\x03")
+
+PLACES = ("ones", "tens", "hundreds", "thousands", "ten-thousands", "hundred-thousands",
+          "millions", "ten-millions", "hundred-millions", "billions", "ten-billions")
 
 
 @dataclass(frozen=True)
 class Worked:
     value: int
     text: str  # the derivation, ending in the result
-    slipped: str | None = None  # the wrong value of a slipped digit fact ("12")
+    slipped: str | None = None  # the wrong value of a slipped fact ("12")
     fixed: str | None = None  # the same fact, right ("7+6 is 13")
 
 
 class Slip:
-    """A one-shot wrong digit fact: the first column fact offered is off by ``delta``."""
+    """A one-shot wrong column result: the first fact offered is off by ``delta``."""
 
     def __init__(self, rng: random.Random):
         self.delta = rng.choice((-1, 1))
@@ -48,14 +66,35 @@ class Slip:
         return value + self.delta
 
 
+def strip_untrained(text: str) -> tuple[str, list[tuple[int, int]]]:
+    """``text`` without the :data:`UNTRAINED` markers, and the spans they enclosed."""
+    left, right = UNTRAINED
+    spans, out, pos = [], [], 0
+    for m in re.finditer(re.escape(left) + "(.*?)" + re.escape(right), text, re.S):
+        out.append(text[pos:m.start()])
+        start = sum(map(len, out))
+        out.append(m[1])
+        spans.append((start, start + len(m[1])))
+        pos = m.end()
+    out.append(text[pos:])
+    return "".join(out), spans
+
+
+def _place(i: int) -> str:
+    return PLACES[i] if i < len(PLACES) else f"place {i + 1}"
+
+
 def _digits(n: int) -> list[int]:
     """Digits of ``n >= 0``, ones first."""
     return [int(c) for c in reversed(str(n))]
 
 
 def _fact(fact: str, value: int, slip: Slip | None, hi: int | None = None) -> tuple[str, int]:
-    if slip is not None:
-        value = slip.take(fact, value, hi)
+    """``fact=value``; a slip changes the value and marks it untrained."""
+    if slip is not None and not slip.used:
+        wrong = slip.take(fact, value, hi)
+        if slip.used:
+            return f"{fact}={UNTRAINED[0]}{wrong}{UNTRAINED[1]}", wrong
     return f"{fact}={value}", value
 
 
@@ -70,13 +109,14 @@ def add_columns(a: int, b: int, slip: Slip | None = None) -> Worked:
         x, y = da[i] if i < len(da) else 0, db[i] if i < len(db) else 0
         expr = f"{x}+{y}" + (f"+{carry}" if carry else "")
         text, s = _fact(expr, x + y + carry, slip)
-        parts.append(text)
-        out.append(s % 10)
         carry = s // 10
+        parts.append(f"{_place(i)} {text}" + (f", {s % 10} carry {carry}" if carry else ""))
+        out.append(s % 10)
     if carry:
+        parts.append(f"{_place(len(out))} {carry}")
         out.append(carry)
     value = int("".join(str(d) for d in reversed(out)))
-    return Worked(value, ", ".join(parts) + f", so {a}+{b}={value}")
+    return Worked(value, "; ".join(parts) + f". So {a}+{b}={value}")
 
 
 def sub_columns(a: int, b: int, slip: Slip | None = None) -> Worked:
@@ -87,47 +127,41 @@ def sub_columns(a: int, b: int, slip: Slip | None = None) -> Worked:
     da, db = _digits(a), _digits(b)
     borrow, parts, out = 0, [], []
     for i in range(len(da)):
-        x, y = da[i] - borrow, db[i] if i < len(db) else 0
+        x, y = da[i], db[i] if i < len(db) else 0
+        part = []
+        if borrow:
+            part.append(f"{x}-1={x - 1}")
+            x -= 1
         borrow = 1 if x < y else 0
+        if borrow:
+            part.append(f"{x}<{y}, borrow:")
         top = x + 10 * borrow
         text, d = _fact(f"{top}-{y}", top - y, slip, hi=9)
-        parts.append(text)
+        part.append(text)
+        parts.append(f"{_place(i)} " + ", ".join(part).replace(":,", ":"))
         out.append(d)
     value = int("".join(str(d) for d in reversed(out)))
-    return Worked(value, ", ".join(parts) + f", so {a}-{b}={value}")
+    return Worked(value, "; ".join(parts) + f". So {a}-{b}={value}")
 
 
-def mul_columns(a: int, b: int, slip: Slip | None = None) -> Worked:
-    """``a * b`` for ``a, b >= 0``: ``a`` times each digit of ``b``, then the partials added."""
-    if (a < 10 and b < 10) or min(a, b) <= 1:
-        text, value = _fact(f"{a}*{b}", a * b, slip)
-        return Worked(value, text)
-    if a < 10 <= b:  # the longer number on top
-        a, b = b, a
-    lines, partials = [], []
-    for place, d in enumerate(_digits(b)):
-        carry, parts, out = 0, [], []
-        for x in _digits(a):
-            expr = f"{x}*{d}" + (f"+{carry}" if carry else "")
-            text, p = _fact(expr, x * d + carry, slip)
-            parts.append(text)
-            out.append(p % 10)
-            carry = p // 10
-        if carry:
-            out.extend(_digits(carry))
-        row = int("".join(str(v) for v in reversed(out)))
-        if b < 10:
-            return Worked(row, ", ".join(parts) + f", so {a}*{b}={row}")
-        shifted = row * 10 ** place
-        suffix = f", times {10 ** place} is {shifted}" if place else ""
-        lines.append(f"{a}*{d}: " + ", ".join(parts) + f", so {row}{suffix}")
-        partials.append(shifted)
-    value = partials[0]
-    for p in partials[1:]:
-        step = add_columns(value, p, slip)
-        lines.append(step.text)
-        value = step.value
-    return Worked(value, "; ".join(lines) + f"; so {a}*{b}={value}")
+def compare(a: int, b: int) -> str:
+    """Which of ``a, b >= 0`` is larger, decided where a person decides it: the length first,
+    then the digits from the left. ``a == b`` says so."""
+    sa, sb = str(a), str(b)
+    if len(sa) != len(sb):
+        def n(s):
+            return f"{len(s)} digit" + ("s" if len(s) > 1 else "")
+        return f"{a} has {n(sa)}, {b} has {n(sb)}: {max(a, b)} is larger"
+    if len(sa) == 1:
+        return f"{a}={b}: the same" if a == b else f"{min(a, b)}<{max(a, b)}: {max(a, b)} is larger"
+    seen = []
+    for x, y in zip(sa, sb):
+        sign = "=" if x == y else ("<" if x < y else ">")
+        seen.append(f"{x}{sign}{y}")
+        if x != y:
+            break
+    tail = "the same" if a == b else f"{max(a, b)} is larger"
+    return f"both have {len(sa)} digits, {', '.join(seen)}: {tail}"
 
 
 def _wrap(w: Worked, slip: Slip | None) -> Worked:
@@ -136,15 +170,36 @@ def _wrap(w: Worked, slip: Slip | None) -> Worked:
     return w
 
 
+def _difference(pos: int, neg: int, slip: Slip | None) -> Worked:
+    """``pos - neg`` for ``pos, neg >= 0``: compared first, then the larger minus the smaller."""
+    if pos < 10 and neg < 10:
+        if pos >= neg:
+            text, value = _fact(f"{pos}-{neg}", pos - neg, slip)
+            return Worked(value, text)
+        text, value = _fact(f"{neg}-{pos}", neg - pos, slip)
+        return Worked(-value, f"{pos}<{neg}, so -({neg}-{pos}): {text}, so {-value}")
+    if neg == 0:
+        return Worked(pos, f"{pos}-0={pos}")
+    which = compare(pos, neg)
+    if pos >= neg:
+        w = sub_columns(pos, neg, slip)
+        return Worked(w.value, f"{which}. {w.text}")
+    w = sub_columns(neg, pos, slip)
+    return Worked(-w.value, f"{which}, so {pos}-{neg} is -({neg}-{pos}). {w.text}, "
+                            f"so {pos}-{neg}={-w.value}")
+
+
 def add(a: int, b: int, slip: Slip | None = None) -> Worked:
     """Signed ``a + b``, reduced to columns of non-negative numbers."""
     if a >= 0 and b >= 0:
         return _wrap(add_columns(a, b, slip), slip)
     if a < 0 and b < 0:
         w = add_columns(-a, -b, slip)
-        return _wrap(Worked(-w.value, f"both negative: {w.text}, so {-w.value}"), slip)
+        return _wrap(Worked(-w.value, f"both negative, so -({-a}+{-b}): {w.text}, so "
+                                      f"{-w.value}"), slip)
     pos, neg = (a, -b) if a >= 0 else (b, -a)
-    return _wrap(_difference(pos, neg, slip), slip)
+    w = _difference(pos, neg, slip)
+    return _wrap(Worked(w.value, f"{a}+{b} is {pos}-{neg}: {w.text}"), slip)
 
 
 def sub(a: int, b: int, slip: Slip | None = None) -> Worked:
@@ -158,12 +213,41 @@ def sub(a: int, b: int, slip: Slip | None = None) -> Worked:
     return _wrap(_difference(a, b, slip), slip)
 
 
-def _difference(pos: int, neg: int, slip: Slip | None) -> Worked:
-    """``pos - neg`` for ``pos, neg >= 0``."""
-    if pos >= neg:
-        return sub_columns(pos, neg, slip)
-    w = sub_columns(neg, pos, slip)
-    return Worked(-w.value, f"{pos} is less than {neg}: {w.text}, so {-w.value}")
+def mul_columns(a: int, b: int, slip: Slip | None = None) -> Worked:
+    """``a * b`` for ``a, b >= 0``: ``a`` times each digit of ``b``, then the partials added."""
+    if (a < 10 and b < 10) or min(a, b) <= 1:
+        text, value = _fact(f"{a}*{b}", a * b, slip)
+        return Worked(value, text)
+    if a < 10 <= b:  # the longer number on top
+        a, b = b, a
+    lines, partials = [], []
+    for place, d in enumerate(_digits(b)):
+        if d <= 1:
+            row, text = a * d, f"{a}*{d}={a * d}"
+        else:
+            carry, parts, out = 0, [], []
+            for i, x in enumerate(_digits(a)):
+                expr = f"{x}*{d}" + (f"+{carry}" if carry else "")
+                fact, p = _fact(expr, x * d + carry, slip)
+                carry = p // 10
+                parts.append(f"{_place(i)} {fact}" + (f", {p % 10} carry {carry}" if carry else ""))
+                out.append(p % 10)
+            if carry:
+                parts.append(f"{_place(len(out))} {carry}")
+                out.extend(_digits(carry))
+            row = int("".join(str(v) for v in reversed(out)))
+            text = f"{a}*{d}: " + "; ".join(parts) + f", so {row}"
+        if b < 10:
+            return Worked(row, text.replace(f", so {row}", f". So {a}*{b}={row}"))
+        shifted = row * 10 ** place
+        lines.append(text + (f", times {10 ** place} is {shifted}" if place else ""))
+        partials.append(shifted)
+    value = partials[0]
+    for p in partials[1:]:
+        step = add_columns(value, p, slip)
+        lines.append(f"add {value}+{p}: {step.text}")
+        value = step.value
+    return Worked(value, "; ".join(lines) + f"; so {a}*{b}={value}")
 
 
 def mul(a: int, b: int, slip: Slip | None = None) -> Worked:

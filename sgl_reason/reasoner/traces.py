@@ -26,7 +26,7 @@ import random
 import re
 from dataclasses import dataclass
 
-from sgl_reason.reasoner.arith import APPLY, Slip, Worked, show, work
+from sgl_reason.reasoner.arith import APPLY, Slip, Worked, show, strip_untrained, work
 
 MAX_SEED = 10_000_000
 THINK_START, THINK_END = "<think>", "</think>"
@@ -53,6 +53,8 @@ class Trace:
     answer: str  # after the end marker
     gold: str
     slipped: bool
+    # spans of ``thinking`` that training leaves out of the loss: a slip's wrong value
+    untrained: tuple[tuple[int, int], ...] = ()
 
     @property
     def completion(self) -> str:
@@ -163,8 +165,9 @@ def _expression_trace(family: str, question: str, expression: str, gold: str,
     if str(value) != gold.strip():
         raise AssertionError(f"trace for {expression!r} reached {value}, gold is {gold!r}")
     answer = ", ".join(show(x.a, x.op, x.b, x.worked.value) for x in final_steps)
-    return Trace(family, question, "\n".join(lines), f"{answer}.\nThe answer is {value}.",
-                 gold, slip_at is not None)
+    thinking, untrained = strip_untrained("\n".join(lines))
+    return Trace(family, question, thinking, f"{answer}.\nThe answer is {value}.",
+                 gold, slip_at is not None, tuple(untrained))
 
 
 # --- leg_counting ------------------------------------------------------------------------------
@@ -222,7 +225,9 @@ def _leg_trace(question: str, animals: dict[str, int], gold: str, rng: random.Ra
         raise AssertionError(f"leg trace reached {right}, gold is {gold!r}")
     listed = ", ".join(f"{c} {_plural(n, c)}: {t}" for (n, c), t in zip(animals.items(), totals))
     answer = f"Legs: {listed}. Total: {' + '.join(map(str, totals))} = {right}.\nThe answer is {right}."
-    return Trace("leg_counting", question, "\n".join(lines), answer, gold, slip_at is not None)
+    thinking, untrained = strip_untrained("\n".join(lines))
+    return Trace("leg_counting", question, thinking, answer, gold, slip_at is not None,
+                 tuple(untrained))
 
 
 # --- gsm_symbolic ------------------------------------------------------------------------------

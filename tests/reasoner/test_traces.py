@@ -44,7 +44,23 @@ def test_column_arithmetic_is_exact_and_a_slip_is_one_wrong_digit_fact():
         a, b, op = rng.randint(-999, 999), rng.randint(-999, 999), rng.choice("+-*")
         assert arith.work(a, op, b).value == arith.APPLY[op](a, b)
     w = arith.work(427, "+", 386, arith.Slip(random.Random(1)))
-    assert w.value != 813 and w.fixed == "7+6 is 13" and f"7+6={w.slipped}" in w.text
+    assert w.value != 813 and w.fixed == "7+6 is 13"
+    # the wrong value is marked so that training leaves it out of the loss
+    text, spans = arith.strip_untrained(w.text)
+    assert f"7+6={w.slipped}," in text and [text[a:b] for a, b in spans] == [w.slipped]
+    assert text.startswith("ones 7+6=") and text.endswith(f"So 427+386={w.value}")
+
+
+def test_every_decision_is_written_where_it_is_made():
+    """The v1 reasoner failed on silent decisions: the comparison before a difference, the
+    borrow, the column a digit comes from. The traces now spell each one out."""
+    assert arith.compare(94, 95) == "both have 2 digits, 9=9, 4<5: 95 is larger"
+    assert arith.compare(124, 47) == "124 has 3 digits, 47 has 2 digits: 124 is larger"
+    assert arith.work(863, "-", 787).text == (
+        "both have 3 digits, 8>7: 863 is larger. ones 3<7, borrow: 13-7=6; "
+        "tens 6-1=5, 5<8, borrow: 15-8=7; hundreds 8-1=7, 7-7=0. So 863-787=76")
+    assert arith.work(-3, "+", 98).value == 95 and "98 is larger" in arith.work(-3, "+", 98).text
+    assert arith.work(37, "-", 36).text.startswith("both have 2 digits, 3=3, 7>6: 37 is larger")
 
 
 def test_held_out_questions_are_never_trained_on():
