@@ -63,6 +63,33 @@ class ThinkingBudget(BaseModel):
         return self
 
 
+def budget_params_problem(params: dict, vocab_size: int | None = None) -> str | None:
+    """What is wrong with a request's :class:`BudgetForcingProcessor` ``custom_params``, in one
+    sentence that names the fix, or None. The server checks this before the request is
+    scheduled (``runtime/thinking_kv.py``), so that a bad value is a 400 for that request and
+    never an exception inside the scheduler's sampling step."""
+    def is_int(v, low=0):
+        return isinstance(v, int) and not isinstance(v, bool) and v >= low
+
+    def is_ids(v):
+        return (isinstance(v, list) and v and all(is_int(i) for i in v)
+                and (vocab_size is None or all(i < vocab_size for i in v)))
+
+    ids_rule = "a non-empty list of token ids" + (f" below {vocab_size}" if vocab_size else "")
+    if not is_int(params.get("budget")):
+        return f"budget must be an integer >= 0, got {params.get('budget')!r}"
+    for key in ("end_ids", "marker_ids", "eos_ids"):
+        if (key == "end_ids" or params.get(key) is not None) and not is_ids(params.get(key)):
+            return f"{key} must be {ids_rule}, got {params.get(key)!r}"
+    if not is_int(params.get("max_answer"), low=1):
+        return f"max_answer must be an integer >= 1, got {params.get('max_answer')!r}"
+    if "min_answer" in params and not (is_int(params["min_answer"])
+                                       and params["min_answer"] <= params["max_answer"]):
+        return (f"min_answer must be an integer between 0 and max_answer "
+                f"({params['max_answer']}), got {params['min_answer']!r}")
+    return None
+
+
 def _base():
     from sglang.srt.sampling.custom_logit_processor import CustomLogitProcessor
 

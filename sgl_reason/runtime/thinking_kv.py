@@ -454,8 +454,25 @@ def build_cache(ctx):
     return cache
 
 
+def _check_budget_params(req) -> bool:
+    """Abort (a 400 with the reason) a budget-forcing request whose ``custom_params`` the
+    processor could not run on; True when the request may go on."""
+    params = getattr(req.sampling_params, "custom_params", None)
+    if not (getattr(req, "custom_logit_processor", None) and isinstance(params, dict)
+            and "budget" in params):
+        return True
+    from sgl_reason.programs.budget import budget_params_problem
+
+    problem = budget_params_problem(params, getattr(req, "vocab_size", None))
+    if problem is not None:
+        req.set_finish_with_abort(f"custom_params: {problem}.")
+    return problem is None
+
+
 def _attach_state(req) -> None:
     """Give a new request its policy, or abort it with the reason (bad per-request override)."""
+    if not _check_budget_params(req):
+        return
     params = getattr(req.sampling_params, "custom_params", None)
     asks = bool(params) and any(k in params for k in REQUEST_KEYS.values())
     cache = _CACHE

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
 import torch
 
-from sgl_reason.programs.budget import BudgetForcingProcessor
+from sgl_reason.programs.budget import BudgetForcingProcessor, budget_params_problem
 
 VOCAB, EOS = 50, 2
 END = [7, 8, 9]
@@ -65,3 +66,27 @@ def test_a_single_token_marker_is_found_whatever_text_merged_before_it():
     out = drive({"budget": 50, "end_ids": END, "max_answer": 3},
                 lambda t: script[t] if t < len(script) else 45, 20)
     assert EOS not in out
+
+
+@pytest.mark.parametrize("params, problem", [
+    ({"budget": "64", "end_ids": END, "max_answer": 4}, "budget must be an integer >= 0"),
+    ({"budget": -1, "end_ids": END, "max_answer": 4}, "budget must be an integer >= 0"),
+    ({"budget": True, "end_ids": END, "max_answer": 4}, "budget must be an integer >= 0"),
+    ({"budget": 8, "end_ids": [], "max_answer": 4}, "end_ids must be a non-empty list"),
+    ({"budget": 8, "end_ids": [7, VOCAB], "max_answer": 4}, f"token ids below {VOCAB}"),
+    ({"budget": 8, "end_ids": "</think>", "max_answer": 4}, "end_ids must be"),
+    ({"budget": 8, "end_ids": END, "marker_ids": [-1], "max_answer": 4}, "marker_ids must be"),
+    ({"budget": 8, "end_ids": END, "eos_ids": [None], "max_answer": 4}, "eos_ids must be"),
+    ({"budget": 8, "end_ids": END, "max_answer": 0}, "max_answer must be an integer >= 1"),
+    ({"budget": 8, "end_ids": END}, "max_answer must be an integer >= 1"),
+    ({"budget": 8, "end_ids": END, "max_answer": 4, "min_answer": 5},
+     "min_answer must be an integer between 0 and max_answer (4)"),
+])
+def test_bad_budget_params_are_named_before_the_scheduler_sees_them(params, problem):
+    assert problem in budget_params_problem(params, VOCAB)
+
+
+def test_good_budget_params_pass():
+    assert budget_params_problem({"budget": 0, "end_ids": END, "max_answer": 1}, VOCAB) is None
+    assert budget_params_problem({"budget": 9, "end_ids": END, "marker_ids": [9], "eos_ids": [2],
+                                  "max_answer": 4, "min_answer": 4}, VOCAB) is None

@@ -241,6 +241,25 @@ def test_bad_request_override_is_refused_with_the_fix(server):
     assert r.status_code == 400 and "window must be an integer >= 0" in r.text
 
 
+@pytest.mark.parametrize("params, message", [
+    ({"budget": "64", "end_ids": [1], "max_answer": 4}, "budget must be an integer >= 0"),
+    ({"budget": 8, "end_ids": [10 ** 9], "max_answer": 4}, "end_ids must be a non-empty list"),
+    ({"budget": 8, "end_ids": [1], "max_answer": -2}, "max_answer must be an integer >= 1"),
+])
+def test_bad_budget_params_are_a_400_not_a_scheduler_crash(server, params, message):
+    """The processor's own params, checked before scheduling: a wrong type or an id past the
+    vocabulary would otherwise raise inside the scheduler's sampling step."""
+    from sgl_reason.programs.budget import BudgetForcingProcessor
+
+    body = {"text": "Hi", "custom_logit_processor": BudgetForcingProcessor.to_str(),
+            "sampling_params": {"max_new_tokens": 4, "custom_params": params}}
+    r = requests.post(server.url + "/generate", json=body, timeout=60)
+    assert r.status_code == 400 and message in r.text
+    ok = requests.post(server.url + "/generate", timeout=60,
+                       json={"text": "Hi", "sampling_params": {"max_new_tokens": 2}})
+    assert ok.json()["meta_info"]["completion_tokens"] == 2  # the server serves on
+
+
 def test_admission_reserves_a_released_requests_peak_not_its_max_new_tokens(server, work):
     """Eight budgeted requests reach an idle server in one message (one admission round).
     Stock admission charges each its prompt + max_new_tokens (230): 6 fit the 1,536-token pool.
