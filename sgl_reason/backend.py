@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import json
 import logging
 
 from sglang.lang.backend.runtime_endpoint import RuntimeEndpoint
@@ -139,7 +140,10 @@ class ReasonBackend(RuntimeEndpoint):
     def fill_image(self, s: StreamExecutor):
         self.commit_lazy_operations(s)
 
-    def generate(self, s: StreamExecutor, sampling_params: SglSamplingParams):
+    def _generate_request(self, s: StreamExecutor, sampling_params: SglSamplingParams
+                          ) -> tuple[dict, list[int] | None]:
+        """The ``/generate`` body of a ``gen`` (token ids where known, the state's extras) and
+        the prompt's ids (None: sent as text)."""
         self._handle_dtype_to_regex(sampling_params)
         ids = self._prompt_ids(s)  # None: send text (images, no /tokenize)
         data = {
@@ -159,7 +163,12 @@ class ReasonBackend(RuntimeEndpoint):
         for key in _SAMPLING_EXTRAS.intersection(extras):
             data["sampling_params"][key] = extras.pop(key)
         data.update(extras)
-        obj = self._generate_http_request(s, data)
+        self._add_images(s, data)
+        return data, ids
+
+    def generate(self, s: StreamExecutor, sampling_params: SglSamplingParams):
+        data, ids = self._generate_request(s, sampling_params)
+        obj = self._post_generate(data)
         meta = dict(obj["meta_info"])
         meta[OUTPUT_IDS_KEY] = obj.get("output_ids")
         # Only a completion cut by its length is exactly its ids: a stop string or EOS is in the
@@ -173,8 +182,30 @@ class ReasonBackend(RuntimeEndpoint):
                 self._remember(s, s.text_, ids)
         return obj["text"], meta
 
-    def generate_stream(self, s, sampling_params):
-        raise NotImplementedError(
-            "sgl-reason programs do not stream: run them with stream=False (costs are recorded "
-            "from complete responses)."
-        )
+    def generate_stream(self, s: StreamExecutor, sampling_params: SglSamplingParams):
+        """Yield ``(new text, meta_info)`` as the server streams; the request's cost is recorded
+        once, from the last chunk's ``meta_info`` (a stream abandoned early records nothing:
+        the server's counts arrive only with the end). Later requests of the state continue
+        from the prompt's ids and tokenize the streamed text."""
+        data, ids = self._generate_request(s, sampling_params)
+        data["stream"] = True
+        res = http_request(self.base_url + "/generate", json=data, stream=True,
+                           api_key=self.api_key)
+        self._assert_success(res)
+        prompt_text, pos, meta = s.text_, 0, None
+        try:
+            for line in res.iter_lines(decode_unicode=False):
+                line = line.decode("utf-8")
+                if not line.startswith("data:") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[5:].strip())
+                meta = chunk["meta_info"]
+                text = chunk["text"][pos:]
+                pos += len(text)
+                yield text, meta
+        finally:
+            res.close()
+        if meta is not None:
+            self.recorder.record(meta)
+        if ids is not None:
+            self._remember(s, prompt_text, ids)

@@ -38,3 +38,32 @@ def test_a_trace_in_pieces_continues_the_models_own_tokens(fresh_cache):
     assert meta_c["cached_tokens"] == len(prompt_ids) + 15
     cost = backend.recorder.snapshot()
     assert cost.computed_prefill_tokens == len(prompt_ids) + 1 + (1 + n_then)
+
+
+@sgl.function
+def one_answer(s):
+    s += PROMPT
+    s += sgl.gen("a", max_tokens=12, temperature=0)
+
+
+@pytest.mark.server
+def test_a_plain_function_streams_and_its_cost_is_recorded_when_the_stream_ends(runtime):
+    """stream=True works as on RuntimeEndpoint (text_iter and async iteration), with the same
+    greedy text as a whole request, and the ledger gets the server's counts once."""
+    import asyncio
+
+    whole = one_answer.run(backend=runtime.endpoint.scoped())
+    backend = runtime.endpoint.scoped()
+    state = one_answer.run(backend=backend, stream=True)
+    pieces = list(state.text_iter("a"))
+    assert len(pieces) > 1 and "".join(pieces) == whole["a"]
+    cost = backend.recorder.snapshot()
+    assert cost.requests == 1 and cost.decode_tokens == 12
+    assert cost.prompt_tokens == len(backend.tokenize(PROMPT, add_special_tokens=True))
+
+    async def collect():
+        state = one_answer.run(backend=backend, stream=True)
+        return "".join([piece async for piece in state.text_async_iter("a")])
+
+    assert asyncio.run(collect()) == whole["a"]
+    assert backend.recorder.snapshot().requests == 2
