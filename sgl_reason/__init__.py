@@ -34,6 +34,10 @@ _LAZY = {
     "VoteConfig": "sgl_reason.vote",
     "vote": "sgl_reason.vote",
     "extract_answer": "sgl_reason.vote",
+    # your own programs
+    "track": "sgl_reason.tracking",
+    "EarlyStop": "sgl_reason.early_stop",
+    "load_problems": "sgl_reason.data",
 }
 
 __all__ = ["__version__", *_LAZY]

@@ -32,6 +32,7 @@ from sglang.lang.interpreter import ProgramState, StreamExecutor
 from sglang.lang.ir import SglSamplingParams
 from sglang.utils import http_request
 
+from sgl_reason import tracking
 from sgl_reason.cost import CostRecorder
 
 logger = logging.getLogger(__name__)
@@ -123,8 +124,13 @@ class ReasonBackend(RuntimeEndpoint):
         self._assert_success(res)
         obj = res.json()
         for item in obj if isinstance(obj, list) else [obj]:
-            self.recorder.record(item["meta_info"])
+            self._record(item["meta_info"])
         return obj
+
+    def _record(self, meta_info: dict) -> None:
+        """One finished request: into this backend's ledger and any open ``track()`` block."""
+        self.recorder.record(meta_info)
+        tracking.record(self.base_url, meta_info)
 
     def _generate_http_request(self, s: StreamExecutor, data: dict):
         self._add_images(s, data)
@@ -206,6 +212,6 @@ class ReasonBackend(RuntimeEndpoint):
         finally:
             res.close()
         if meta is not None:
-            self.recorder.record(meta)
+            self._record(meta)
         if ids is not None:
             self._remember(s, prompt_text, ids)

@@ -104,3 +104,9 @@ def load(source: str) -> list[Problem]:
     if source.startswith(GYM_PREFIX):
         return load_reasoning_gym(source[len(GYM_PREFIX):])
     return load_jsonl(source)
+
+
+def load_problems(source: str) -> list[Problem]:
+    """A problem set: a JSONL file (question/answer, optional family; GSM8K's ``#### N``
+    understood) or ``reasoning-gym:NAME[?size=K&seed=S]``. ``problem.grade(answer)`` grades."""
+    return load(source)
