@@ -15,7 +15,7 @@ import functools
 import json
 from pathlib import Path
 
-from sgl_reason.cli import backend_for
+from sgl_reason.connection import connect
 from sgl_reason.data import load
 from sgl_reason.evaluate import run
 from sgl_reason.programs import ThinkingBudget, self_consistency
@@ -39,7 +39,7 @@ def main() -> None:
     problems = load(args.data)[: args.limit]
     think = ThinkingBudget(max_thinking_tokens=args.max_thinking_tokens,
                            max_answer_tokens=args.max_answer_tokens)
-    with backend_for(args.url, model=None if args.url else args.model) as backend:
+    with connect(args.url, model=None if args.url else args.model) as backend:
         program = functools.partial(self_consistency, n=args.n, think=think, backend=backend)
         summary = run(program, problems, args.out, concurrency=args.concurrency)
     print(json.dumps({k: v for k, v in summary.items() if k != "cost"}, indent=2))

@@ -17,6 +17,8 @@ __version__ = "0.1.0"
 _LAZY = {
     # runtime
     "EmbeddedRuntime": "sgl_reason.runtime.embedded",
+    "connect": "sgl_reason.connection",
+    "ServerUnreachable": "sgl_reason.connection",
     "RequestError": "sgl_reason.runtime.embedded",
     "ServerStartError": "sgl_reason.runtime.server",
     # programs

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
 import signal
 import sys
@@ -117,28 +116,6 @@ def _int_or_tier(value: str) -> int | str:
             f"expected an integer or one of {sorted(TIERS)}, got {value!r}") from None
 
 
-@contextlib.contextmanager
-def backend_for(url: str | None, server_args: list[str] | None = None, model: str | None = None):
-    """A :class:`ReasonBackend` on ``url``, or on an embedded server of ``model`` (a name or a
-    folder; default SmolLM2) started (and stopped) here."""
-    from sgl_reason.backend import ReasonBackend
-
-    if url:
-        try:
-            backend = ReasonBackend(url.rstrip("/"))
-        except Exception as error:  # noqa: BLE001  (urllib raises several types here)
-            raise SystemExit(f"sgl-reason: error: no SGLang server answers at {url} ({error}). "
-                             "Start one with `sgl-reason serve`, or omit --url to start an "
-                             "embedded server.") from None
-        yield backend
-        return
-    from sgl_reason import EmbeddedRuntime
-
-    with EmbeddedRuntime(model=model, extra_args=server_args or []) as rt:
-        logger.info("embedded SGLang server at %s", rt.url)
-        yield rt.endpoint
-
-
 def _program(args: argparse.Namespace, backend, think, extra: dict):
     """The program ``eval`` runs on each question, its options bound."""
     import functools
@@ -213,7 +190,9 @@ def _cmd_eval(args: argparse.Namespace) -> int:
               "started (delete the file to run again)", file=sys.stderr)
         summary = evaluate.finish(problems, out)
     else:
-        with backend_for(args.url, args.server_arg, args.model) as backend:
+        from sgl_reason.connection import connect
+
+        with connect(args.url, model=args.model, extra_args=args.server_arg) as backend:
             summary = evaluate.run(_program(args, backend, think, early), problems, out,
                                    concurrency=args.concurrency)
     print(evaluate.summary_table(summary))
@@ -388,9 +367,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.command != "serve" and rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    if getattr(args, "url", None) and getattr(args, "server_arg", None):
+        parser.error("--server-arg configures the embedded server; the server at --url runs "
+                     "with its own flags: pass one or the other")
     if args.command != "serve":  # serve installs its own handler
         # SIGTERM unwinds like Ctrl-C, so an embedded server started here is stopped on exit
         signal.signal(signal.SIGTERM, _raise_interrupt)
+    from sgl_reason.connection import ServerUnreachable
     from sgl_reason.model import ModelPrepareError
     from sgl_reason.runtime.server import ServerStartError
 
@@ -405,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_eval(args)
         if args.command == "plot":
             return _cmd_plot(args)
-    except (ModelPrepareError, ServerStartError) as error:
+    except (ModelPrepareError, ServerStartError, ServerUnreachable) as error:
         print(f"sgl-reason: error: {error}", file=sys.stderr)
         return 2
     parser.error(f"unknown command {args.command}")

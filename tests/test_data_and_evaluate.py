@@ -146,7 +146,7 @@ def test_eval_rerun_on_a_finished_file_starts_no_server(tmp_path, capsys, monkey
     def no_server(*args):
         raise AssertionError("a finished eval started a server")
 
-    monkeypatch.setattr(cli, "backend_for", no_server)
+    monkeypatch.setattr("sgl_reason.connection.connect", no_server)
     assert cli.main(["eval", "--program", "think_then_answer", "--data", str(data),
                      "--out", str(out)]) == 0
     assert "nothing to run, no server started" in capsys.readouterr().err

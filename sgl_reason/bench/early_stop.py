@@ -155,9 +155,9 @@ def table(report: dict) -> str:
 
 
 def main(args) -> int:
-    from sgl_reason.cli import backend_for
+    from sgl_reason.connection import connect
 
-    with backend_for(args.url, args.server_arg) as backend:
+    with connect(args.url, extra_args=args.server_arg) as backend:
         report = run(backend, dataset=args.dataset, limit=args.limit, budget=args.budget,
                      chunk=args.chunk, concurrency=args.concurrency, seed=args.seed,
                      rows=args.rows)

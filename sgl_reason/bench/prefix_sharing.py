@@ -108,9 +108,9 @@ def table(report: dict) -> str:
 
 
 def main(args) -> int:
-    from sgl_reason.cli import backend_for
+    from sgl_reason.connection import connect
 
-    with backend_for(args.url, args.server_arg) as backend:
+    with connect(args.url, extra_args=args.server_arg) as backend:
         report = run(backend, n=args.n, prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens)
     print(table(report))
     if args.json:
