@@ -43,8 +43,8 @@ REASONER_NAME = "sgl-reason-reasoner-135M"  # the folder name selects the reason
 ADAPTER_DIR = Path(__file__).parent / "reasoner" / "adapter"
 # sha256 of the shipped adapter's files (written by `sgl-reason model train-reasoner`).
 ADAPTER_SHA256 = {
-    "adapter_config.json": "156bdd53f5a133d41f54247f42e8ce828d3f250ba872bb9c49bb98a849b2b9b4",
-    "adapter_model.safetensors": "472b88045373b6baeb5b7223c164cc63e1b8c83f12b861680737548ec01b2a7e",
+    "adapter_config.json": "05175cd2a631c2f82bee39698c15e191aced2ec6359abf1cba45c6fcb1d8753b",
+    "adapter_model.safetensors": "9f326e17c796136eb045245e6986fcdfbfc366b554cfead94d4b53e8099935e1",
 }
 
 
