@@ -131,7 +131,12 @@ class BudgetForcingProcessor(_base()):
 
     def __call__(self, logits, custom_param_list: list[dict[str, Any]] | None = None):
         for row, params in enumerate(custom_param_list or []):
-            if params and "budget" in params:
+            if not (isinstance(params, dict) and "budget" in params):
+                continue
+            if "_ok" not in params:  # checked once; a bad request is left alone (the server's
+                # plugin aborts it with the reason) instead of raising in the sampling step
+                params["_ok"] = budget_params_problem(params, logits.shape[-1]) is None
+            if params["_ok"]:
                 self._step(logits, row, params)
         return logits
 

@@ -90,3 +90,11 @@ def test_good_budget_params_pass():
     assert budget_params_problem({"budget": 0, "end_ids": END, "max_answer": 1}, VOCAB) is None
     assert budget_params_problem({"budget": 9, "end_ids": END, "marker_ids": [9], "eos_ids": [2],
                                   "max_answer": 4, "min_answer": 4}, VOCAB) is None
+
+
+def test_the_processor_leaves_a_request_with_bad_params_alone():
+    """Bad params never raise inside the sampling step: the row is not touched."""
+    logits = torch.zeros(2, VOCAB)
+    params = [{"budget": "64", "end_ids": END, "max_answer": 4}, {"budget": 0, "end_ids": [VOCAB]}]
+    out = BudgetForcingProcessor()(logits.clone(), params)
+    assert torch.equal(out, logits) and params[0]["_ok"] is False and params[1]["_ok"] is False
