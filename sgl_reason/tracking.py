@@ -2,6 +2,7 @@
 
     with sgl_reason.track() as cost:
         state = my_program.run(question="...")   # any @sgl.function, built-in programs too
+        state.sync()                             # run() returns before its last gen ends
     print(cost())                                # a Cost: requests, prefill computed, ...
 
 What is counted: every ``/generate`` request that a :class:`~sgl_reason.backend.ReasonBackend`

@@ -44,6 +44,7 @@ def test_a_users_program_costs_what_the_server_counted(runtime):
     backend = runtime.endpoint
     with sgl_reason.track(backend) as cost:
         state = two_questions.run(a="2+2?", b="3+3?", backend=backend)
+        state.sync()  # run() returns while its last gen may still be in flight
         result = sgl_reason.self_consistency("What is 17 + 25?", n=2, max_tokens=8,
                                              backend=backend)
     metas = [state.get_meta_info("x"), state.get_meta_info("y")]
