@@ -104,7 +104,8 @@ def finish(problems: list[Problem], out: str | Path, seconds: float = 0.0) -> di
     by_id = {r["id"]: r for r in read_records(out)}
     order = [p.id for p in problems]
     records = [by_id[i] for i in order if i in by_id]
-    rest = [r for i, r in by_id.items() if i not in set(order)]  # other problems' records stay
+    ours = set(order)
+    rest = [r for i, r in by_id.items() if i not in ours]  # other problems' records stay
     staging = out.with_name(out.name + ".tmp")
     staging.write_text("".join(json.dumps(r) + "\n" for r in records + rest))
     staging.replace(out)
@@ -168,8 +169,8 @@ def summary_table(summary: dict) -> str:
             ("prefill computed", summary["prefill_computed"]),
             ("prefill reused", summary["prefill_reused"]),
             ("requests", summary["requests"]),
-            ("wall seconds", summary.get("wall_seconds", summary.get("seconds"))),
-            ("problem seconds (summed)", summary.get("problem_seconds", "-"))]
+            ("wall seconds", summary["wall_seconds"]),
+            ("problem seconds (summed)", summary["problem_seconds"])]
     rows += [(f"accuracy {f}", f"{a['accuracy']:.3f} (closed {a['closed_rate']:.2f}, "
               f"median thinking {a['median_thinking_tokens']})")
              for f, a in summary.get("families", {}).items()]

@@ -65,9 +65,9 @@ class ThinkingBudget(BaseModel):
 
 def budget_params_problem(params: dict, vocab_size: int | None = None) -> str | None:
     """What is wrong with a request's :class:`BudgetForcingProcessor` ``custom_params``, in one
-    sentence that names the fix, or None. The server checks this before the request is
-    scheduled (``runtime/thinking_kv.py``), so that a bad value is a 400 for that request and
-    never an exception inside the scheduler's sampling step."""
+    sentence that names the fix, or None. The server's plugin aborts such a request with this
+    reason (a 400, ``runtime/thinking_kv.py``); the processor also checks once per request and
+    leaves a bad row alone, because the abort lands after one sampling step has run."""
     def is_int(v, low=0):
         return isinstance(v, int) and not isinstance(v, bool) and v >= low
 

@@ -39,8 +39,9 @@ class TrainConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    # sized to ~90 min on the 2-core CPU (pilot: ~190 tokens/s on traces of ~370 tokens);
-    # gsm_symbolic is only reported, so it gets the fewest
+    # sized from a pilot (~190 tokens/s on traces of ~370 tokens) to ~90 min on the 2-core CPU;
+    # the v2 run took 70 min (938k tokens, 223 tokens/s). gsm_symbolic is only reported, so it
+    # gets the fewest
     counts: dict[str, int] = {"chain_sum": 1000, "basic_arithmetic": 1150,
                               "leg_counting": 500, "gsm_symbolic": 100}
     seed: int = Field(1_000_000, ge=0, lt=MAX_SEED)
