@@ -26,7 +26,9 @@ import random
 import re
 from dataclasses import dataclass
 
-from sgl_reason.reasoner.arith import APPLY, Slip, Worked, show, strip_untrained, work
+from sgl_reason.reasoner.arith import (
+    APPLY, UNTRAINED, Slip, Worked, show, strip_untrained, work,
+)
 
 MAX_SEED = 10_000_000
 THINK_START, THINK_END = "<think>", "</think>"
@@ -39,7 +41,9 @@ FAMILIES: dict[str, dict] = {
     "leg_counting": dict(min_animals=2, max_animals=4, min_instances=1, max_instances=10),
     "gsm_symbolic": {},
 }
-SLIP_RATE = 0.2
+# about one trace in five slips in an early step (the check catches it); in one in ten the check
+# itself slips on a right step, and redoing the step in columns shows the check was wrong
+SLIP_RATE, CHECK_SLIP_RATE = 0.2, 0.1
 # The project's own held-out sets: ``reasoning-gym:FAMILY?seed=HELD_OUT_SEED`` (up to
 # HELD_OUT_SIZE problems). Their questions are never trained on.
 HELD_OUT_SEED, HELD_OUT_SIZE = 5_000_000, 200
@@ -55,6 +59,7 @@ class Trace:
     slipped: bool
     # spans of ``thinking`` that training leaves out of the loss: a slip's wrong value
     untrained: tuple[tuple[int, int], ...] = ()
+    check_slipped: bool = False  # the check slipped on a right step (the answer stands)
 
     @property
     def completion(self) -> str:
@@ -119,25 +124,42 @@ def _evaluate(expression: str, slip_at: int | None, rng: random.Random) -> list[
 _INVERSE = {"+": "-", "-": "+"}
 
 
-def _check_line(step: _Step) -> str:
+def _check_line(step: _Step, slip: Slip | None = None) -> str:
     """Recompute a step backwards: the result with the inverse operation gives back ``a``
-    (products: the other number on top gives the result). A slipped step fails its check."""
+    (products: the other number on top gives the result). A slipped step fails its check; so
+    does a right step whose check itself slips (``slip``: its value off by one, untrained)."""
     r = step.worked.value
     if step.op == "*":
-        again = APPLY["*"](step.b, step.a)
-        return f"{step.b} * {step.a} = {again}, " + ("right" if again == r else f"not {r}, wrong")
-    back = APPLY[_INVERSE[step.op]](r, step.b)
-    verdict = "right" if back == step.a else f"not {step.a}, wrong"
-    return f"{r} {_INVERSE[step.op]} {step.b} = {back}, {verdict}"
+        lhs, again, want = f"{step.b} * {step.a}", APPLY["*"](step.b, step.a), r
+    else:
+        lhs, again, want = f"{r} {_INVERSE[step.op]} {step.b}", APPLY[_INVERSE[step.op]](r, step.b), step.a
+    shown = str(again)
+    if slip is not None:
+        again += slip.delta
+        shown = f"{UNTRAINED[0]}{again}{UNTRAINED[1]}"
+    return f"{lhs} = {shown}, " + ("right" if again == want else f"not {want}, wrong")
+
+
+def _again(k: int, s: _Step) -> str:
+    """A step redone in columns, as it is written the first time."""
+    return f"Step {k} again: {s.a} {s.op} {s.b}. {s.worked.text}."
+
+
+def _slips(rng: random.Random) -> tuple[bool, bool]:
+    """(a slip in an early step, a slip in the check of a right step): at most one of them."""
+    r = rng.random()
+    return r < SLIP_RATE, SLIP_RATE <= r < SLIP_RATE + CHECK_SLIP_RATE
 
 
 def _expression_trace(family: str, question: str, expression: str, gold: str,
                       rng: random.Random) -> Trace:
     n_ops = len(_evaluate(expression, None, rng))
-    slip_at = rng.randrange(max(1, (n_ops + 1) // 2)) if n_ops and rng.random() < SLIP_RATE else None
+    slip, check_slip = _slips(rng)
+    slip_at = rng.randrange(max(1, (n_ops + 1) // 2)) if n_ops and slip else None
     steps = _evaluate(expression, slip_at, rng)
     if slip_at is not None and steps[slip_at].worked.slipped is None:
         slip_at = None  # no digit fact could slip plausibly (e.g. 0+0)
+    check_at = rng.randrange(len(steps)) if check_slip and steps else None
     if family == "chain_sum":
         plan = "Plan: left to right, one operation a step, then check each step backwards."
     else:
@@ -148,26 +170,32 @@ def _expression_trace(family: str, question: str, expression: str, gold: str,
         if k < len(steps):
             lines.append(f"Now: {s.after}")
     lines.append(f"So the result is {steps[-1].worked.value}.")
-    lines.append("Check: " + "; ".join(_check_line(s) for s in steps) + ".")
+    lines.append("Check: " + "; ".join(
+        _check_line(s, Slip(rng) if i == check_at else None) for i, s in enumerate(steps)) + ".")
     final_steps = steps
     if slip_at is not None:
+        # a failed check is settled by redoing the step in columns, never by trusting the check
         fixed = _evaluate(expression, None, rng)
         s, f = steps[slip_at], fixed[slip_at]
-        lines.append(f"Wait, {s.worked.fixed}, not {s.worked.slipped}, so "
-                     f"{show(f.a, f.op, f.b, f.worked.value)}, not {s.worked.value}.")
-        redo = [show(x.a, x.op, x.b, x.worked.value) for x in fixed[slip_at + 1:]]
-        if redo:
-            lines.append("Redo from there: " + ", ".join(redo) + ".")
+        lines.append(f"Wait, step {slip_at + 1} fails its check. {_again(slip_at + 1, f)} "
+                     f"So {show(f.a, f.op, f.b, f.worked.value)}, not {s.worked.value}.")
+        lines += [_again(k, x) for k, x in enumerate(fixed[slip_at + 1:], slip_at + 2)]
         lines.append(f"Now the result is {fixed[-1].worked.value}, and checking again: "
                      + "; ".join(_check_line(x) for x in fixed) + ".")
         final_steps = fixed
+    elif check_at is not None:
+        s = steps[check_at]
+        lines.append(f"Wait, step {check_at + 1} fails its check. {_again(check_at + 1, s)} "
+                     f"So {show(s.a, s.op, s.b, s.worked.value)}, the same as before: the check "
+                     f"slipped. Checking step {check_at + 1} again: {_check_line(s)}. The result "
+                     f"stays {steps[-1].worked.value}.")
     value = final_steps[-1].worked.value
     if str(value) != gold.strip():
         raise AssertionError(f"trace for {expression!r} reached {value}, gold is {gold!r}")
     answer = ", ".join(show(x.a, x.op, x.b, x.worked.value) for x in final_steps)
     thinking, untrained = strip_untrained("\n".join(lines))
     return Trace(family, question, thinking, f"{answer}.\nThe answer is {value}.",
-                 gold, slip_at is not None, tuple(untrained))
+                 gold, slip_at is not None, tuple(untrained), check_at is not None)
 
 
 # --- leg_counting ------------------------------------------------------------------------------
@@ -188,46 +216,56 @@ def _leg_trace(question: str, animals: dict[str, int], gold: str, rng: random.Ra
         lines.append(f"A {name} has {legs} legs. {count} {_plural(name, count)}: {w.text}.")
         totals.append(w.value)
     n_adds = len(totals) - 1
-    slip_at = rng.randrange(max(1, (n_adds + 1) // 2)) if rng.random() < SLIP_RATE else None
+    slip, check_slip = _slips(rng)
+    slip_at = rng.randrange(max(1, (n_adds + 1) // 2)) if slip else None
 
     def running(slip_at):
         value, out = totals[0], []
         for k, t in enumerate(totals[1:]):
-            slip = Slip(rng) if k == slip_at else None
-            w = work(value, "+", t, slip)
+            w = work(value, "+", t, Slip(rng) if k == slip_at else None)
             out.append((value, t, w))
             value = w.value
         return out
 
+    def added(adds):
+        return "Add: " + " ".join(f"{a}+{t}: {w.text}." for a, t, w in adds)
+
     adds = running(slip_at)
     if slip_at is not None and adds[slip_at][2].slipped is None:
         slip_at = None
-    lines.append("Add: " + " ".join(f"{a}+{t}: {w.text}." for a, t, w in adds))
+    lines.append(added(adds))
     total = adds[-1][2].value
     right = sum(totals)
+    # the check adds from the last total; where it slips, one partial sum is off by one
     back = list(reversed(totals))
+    check_at = rng.randrange(len(back) - 1) if check_slip and slip_at is None else None
     partial, rev = back[0], []
-    for t in back[1:]:
-        rev.append(f"{partial} + {t} = {partial + t}")
-        partial += t
-    verdict = "right" if total == right else f"not {total}, wrong"
-    lines.append(f"So the total is {total}. Check, adding from the last: {', '.join(rev)}, {verdict}.")
-    if slip_at is not None:
-        fixed = running(None)
-        a, t, w = adds[slip_at]
-        fa, ft, fw = fixed[slip_at]
-        lines.append(f"Wait, {w.fixed}, not {w.slipped}, so {fa} + {ft} = {fw.value}, not {w.value}.")
-        redo = [f"{x} + {y} = {z.value}" for x, y, z in fixed[slip_at + 1:]]
-        if redo:
-            lines.append("Redo from there: " + ", ".join(redo) + ".")
-        lines.append(f"Now the total is {right}, the same as the check.")
+    for k, t in enumerate(back[1:]):
+        start, partial = partial, partial + t
+        shown = str(partial)
+        if k == check_at:
+            partial += rng.choice((-1, 1))
+            shown = f"{UNTRAINED[0]}{partial}{UNTRAINED[1]}"
+        rev.append(f"{start} + {t} = {shown}")
+    verdict = "right" if partial == total else f"not {total}, wrong"
+    lines.append(f"So the total is {total}. Check, adding from the last: {', '.join(rev)}, "
+                 f"{verdict}.")
+    if slip_at is not None or check_at is not None:
+        # a failed check is settled by adding again in columns, never by trusting the check
+        again = running(None)
+        lines.append(f"Wait, the check gives {partial}, not {total}. Again in columns. "
+                     + added(again))
+        if slip_at is not None:
+            lines.append(f"So the total is {right}, not {total}: it matches the check.")
+        else:
+            lines.append(f"So the total is {total}, the same as before: the check slipped.")
     if str(right) != gold.strip():
         raise AssertionError(f"leg trace reached {right}, gold is {gold!r}")
     listed = ", ".join(f"{c} {_plural(n, c)}: {t}" for (n, c), t in zip(animals.items(), totals))
     answer = f"Legs: {listed}. Total: {' + '.join(map(str, totals))} = {right}.\nThe answer is {right}."
     thinking, untrained = strip_untrained("\n".join(lines))
     return Trace("leg_counting", question, thinking, answer, gold, slip_at is not None,
-                 tuple(untrained))
+                 tuple(untrained), check_at is not None)
 
 
 # --- gsm_symbolic ------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ import json
 import logging
 import math
 import random
+import re
 import shutil
 import time
 from pathlib import Path
@@ -54,6 +55,11 @@ class TrainConfig(BaseModel):
     max_len: int = Field(768, ge=64)  # longer traces are left out (counted in the stats)
     checkpoint_every: int = Field(50, ge=1)
     device: str = "cpu"
+    # continue from an adapter folder (LoRA of the same rank and marker rows) instead of zeros
+    init_adapter: str | None = None
+    # loss weight of the tokens that carry a decision (digits, < >, borrow, carry, the check's
+    # verdict); every other trained token weighs 1. The reported loss stays the plain mean.
+    decision_weight: float = Field(1.0, ge=1.0)
 
 
 def chat_prompt(question: str) -> str:
@@ -71,10 +77,15 @@ def add_marker_tokens(tokenizer) -> list[int]:
     return tokenizer.convert_tokens_to_ids([THINK_START, THINK_END])
 
 
-def encode(tokenizer, trace: Trace) -> tuple[list[int], list[int]]:
-    """Token ids and labels: -100 on the prompt and on every token that touches a slip's wrong
-    value (``trace.untrained``), so the model learns to catch a slip, never to make one. The
-    prompt and the completion are tokenized apart, as the server tokenizes a prompt and then
+# a token that carries a decision: a digit, a comparison, a borrow or carry, a check's verdict
+DECISION = re.compile(r"[0-9<>]|borrow|carry|right|wrong|same|Wait")
+
+
+def encode(tokenizer, trace: Trace, decision_weight: float = 1.0):
+    """Token ids, labels and loss weights. Labels are -100 on the prompt and on every token that
+    touches a slip's wrong value (``trace.untrained``), so the model learns to catch a slip,
+    never to make one; tokens matching :data:`DECISION` weigh ``decision_weight``. The prompt
+    and the completion are tokenized apart, as the server tokenizes a prompt and then
     generates."""
     prompt = tokenizer(chat_prompt(trace.question), add_special_tokens=False)["input_ids"]
     rest = trace.completion[len(THINK_START) + 1:] + "<|im_end|>"
@@ -82,7 +93,9 @@ def encode(tokenizer, trace: Trace) -> tuple[list[int], list[int]]:
     target = enc["input_ids"]
     labels = [-100 if any(s < b and a < e for a, b in trace.untrained) else t
               for t, (s, e) in zip(target, enc["offset_mapping"])]
-    return prompt + target, [-100] * len(prompt) + labels
+    weights = [decision_weight if DECISION.search(rest[s:e]) else 1.0
+               for s, e in enc["offset_mapping"]]
+    return prompt + target, [-100] * len(prompt) + labels, [0.0] * len(prompt) + weights
 
 
 def _batches(examples, batch_size: int, rng: random.Random):
@@ -104,13 +117,27 @@ def _collate(examples, idx, pad_id: int):
     n = max(len(examples[i][0]) for i in idx)
     ids = torch.full((len(idx), n), pad_id, dtype=torch.long)
     labels = torch.full((len(idx), n), -100, dtype=torch.long)
+    weights = torch.zeros((len(idx), n))
     mask = torch.zeros((len(idx), n), dtype=torch.long)
     for row, i in enumerate(idx):
-        x, y = examples[i]
+        x, y, w = examples[i]
         ids[row, :len(x)] = torch.tensor(x)
         labels[row, :len(y)] = torch.tensor(y)
+        weights[row, :len(w)] = torch.tensor(w)
         mask[row, :len(x)] = 1
-    return ids, labels, mask
+    return ids, labels, weights, mask
+
+
+def _losses(logits, labels, weights):
+    """(weighted loss to train on, plain mean cross-entropy to report), over next tokens."""
+    import torch.nn.functional as F
+
+    logits, labels, weights = logits[:, :-1].float(), labels[:, 1:], weights[:, 1:]
+    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1),
+                         ignore_index=-100, reduction="none").view_as(labels)
+    trained = labels != -100
+    weights = weights * trained
+    return (ce * weights).sum() / weights.sum(), ce[trained].mean()
 
 
 def build_model(base: Path, config: TrainConfig):
@@ -133,7 +160,26 @@ def build_model(base: Path, config: TrainConfig):
         target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
         trainable_token_indices={"embed_tokens": marker_ids}, task_type="CAUSAL_LM",
     )
-    return tokenizer, get_peft_model(model, lora), marker_ids
+    model = get_peft_model(model, lora)
+    if config.init_adapter:
+        load_adapter(model, Path(config.init_adapter))
+    return tokenizer, model, marker_ids
+
+
+def load_adapter(model, folder: Path) -> None:
+    """Continue from a trained adapter: every LoRA and marker-row weight must match."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    path = folder / ADAPTER_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"--init-adapter: {path} is missing; pass the folder that holds "
+                                f"{ADAPTER_FILE} (sgl_reason/reasoner/adapter for the shipped one)")
+    weights = {k: v.float() for k, v in load_file(path).items()}
+    result = set_peft_model_state_dict(model, weights)
+    if result.unexpected_keys:
+        raise ValueError(f"{path} does not fit this model (rank or modules differ): "
+                         f"unexpected {result.unexpected_keys[:3]}")
 
 
 def train(base: Path, out: Path, config: TrainConfig, *, progress: bool = True,
@@ -152,7 +198,7 @@ def train(base: Path, out: Path, config: TrainConfig, *, progress: bool = True,
     model.to(config.device)
 
     traces = make_traces(config.counts, config.seed, exclude=held_out_questions())
-    encoded = [encode(tokenizer, t) for t in traces]
+    encoded = [encode(tokenizer, t, config.decision_weight) for t in traces]
     examples = [e for e in encoded if len(e[0]) <= config.max_len]
     rng = random.Random(config.seed)
     batches = []
@@ -189,11 +235,12 @@ def train(base: Path, out: Path, config: TrainConfig, *, progress: bool = True,
     stop_at = total_steps if max_steps is None else min(total_steps, step + max_steps)
     while step < stop_at:
         start = time.perf_counter()
-        ids, labels, mask = (t.to(config.device) for t in
-                             _collate(examples, batches[step], tokenizer.pad_token_id or 0))
+        ids, labels, weights, mask = (t.to(config.device) for t in
+                                      _collate(examples, batches[step], tokenizer.pad_token_id or 0))
         with autocast:
-            loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
-        loss.backward()
+            logits = model(input_ids=ids, attention_mask=mask).logits
+        weighted, loss = _losses(logits, labels, weights)
+        weighted.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
         schedule.step()

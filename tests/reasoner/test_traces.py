@@ -35,7 +35,26 @@ def test_about_one_arithmetic_trace_in_five_slips_and_is_corrected_by_its_check(
     for t in slipped:
         assert "wrong" in t.thinking and "\nWait, " in t.thinking
         assert t.thinking.rfind("Wait") < t.thinking.rfind(t.gold)  # the fix reaches the gold
-    assert not any("Wait" in t.thinking for t in traces if not t.slipped)
+        assert "again" in t.thinking.split("\nWait, ")[1].lower()  # settled by redoing, in columns
+    assert not any("Wait" in t.thinking for t in traces if not (t.slipped or t.check_slipped))
+
+
+def test_a_check_that_slips_is_caught_by_redoing_the_step_and_the_result_stands():
+    """At inference a check's own error is the common case: the v2 reasoner "corrected" right
+    totals into wrong ones. Here a failed check is settled by redoing the work in columns."""
+    traces = make_traces({"chain_sum": 150, "basic_arithmetic": 150, "leg_counting": 100},
+                         seed=7_300_000)
+    checked = [t for t in traces if t.check_slipped]
+    assert 0.04 < len(checked) / len(traces) < 0.16
+    assert not any(t.slipped and t.check_slipped for t in traces)
+    for t in checked:
+        before, after = t.thinking.split("\nWait, ")
+        assert "wrong" in before and "the check slipped" in after
+        # the result before the check is the gold, and it is kept
+        assert f"result is {t.gold}." in before or f"total is {t.gold}." in before
+        # the check's wrong value is the one untrained span
+        (a, b), = t.untrained
+        assert t.thinking.rfind("Check", 0, a) >= 0 and b < len(before)
 
 
 def test_column_arithmetic_is_exact_and_a_slip_is_one_wrong_digit_fact():
