@@ -41,7 +41,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
     defaults = TrainConfig()
     config = TrainConfig(
         counts={f: max(1, round(n * args.scale)) for f, n in defaults.counts.items()},
-        seed=args.seed, device=args.device,
+        seed=args.seed, device=args.device, init_adapter=args.init_adapter,
+        lr=args.lr or defaults.lr, decision_weight=args.decision_weight,
     )
     stats = train(model.prepare(), Path(args.out), config)
     print(f"trained {stats['steps']} steps, {stats['tokens_trained']:,} tokens in "
@@ -275,6 +276,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=1_000_000, help="train-reasoner: data and init seed")
     p.add_argument("--scale", type=float, default=1.0,
                    help="train-reasoner: fraction of the default number of traces (pilot: 0.05)")
+    p.add_argument("--init-adapter", metavar="DIR",
+                   help="train-reasoner: continue from this adapter folder instead of zeros "
+                   "(the shipped one: sgl_reason/reasoner/adapter)")
+    p.add_argument("--lr", type=float, help="train-reasoner: peak learning rate (default 1e-3)")
+    p.add_argument("--decision-weight", type=float, default=1.0,
+                   help="train-reasoner: loss weight of digit, comparison, borrow/carry and "
+                   "verdict tokens (default 1: every token alike)")
 
     p = sub.add_parser(
         "serve",
