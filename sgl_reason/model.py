@@ -43,8 +43,8 @@ REASONER_NAME = "sgl-reason-reasoner-135M"  # the folder name selects the reason
 ADAPTER_DIR = Path(__file__).parent / "reasoner" / "adapter"
 # sha256 of the shipped adapter's files (written by `sgl-reason model train-reasoner`).
 ADAPTER_SHA256 = {
-    "adapter_config.json": "05175cd2a631c2f82bee39698c15e191aced2ec6359abf1cba45c6fcb1d8753b",
-    "adapter_model.safetensors": "9f326e17c796136eb045245e6986fcdfbfc366b554cfead94d4b53e8099935e1",
+    "adapter_config.json": "c339ec9b2c3845dab269cc620ff2ed7e7d0efeed9a1e8ea4f25ba295adaa9f19",
+    "adapter_model.safetensors": "29c78725bcee37cbfa5c9c3ec844d1d8ed3dd88baae08440cc05369ed5415717",
 }
 
 

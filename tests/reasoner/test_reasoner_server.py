@@ -76,6 +76,6 @@ def test_release_on_answer_finds_the_models_own_marker(reasoner):
     assert released == m - SINK - WINDOW
     # the answer starts as the model's answers do, restating the problem; its value is not
     # asserted: with only the sink and the window kept, v1's answer read "12 + 7 - 5 = 12 - 5 =
-    # 6" where keep's says 14, and v2's loops ("= 12 + 5 = 12 + 5 = ...") until max_answer
-    # (the quality cost issue 17 is about)
-    assert out["text"].split("</think>", 1)[1].strip().startswith("12 + 7 - 5 =")
+    # 6" where keep's says 14, v2's looped ("= 12 + 5 = 12 + 5 = ...") until max_answer, v3's
+    # reads "12 + 7 = 19, 12 - 5 = 6" (the quality cost issue 17 is about)
+    assert out["text"].split("</think>", 1)[1].strip().startswith("12 + 7")
