@@ -45,7 +45,6 @@ class Worked:
     value: int
     text: str  # the derivation, ending in the result
     slipped: str | None = None  # the wrong value of a slipped fact ("12")
-    fixed: str | None = None  # the same fact, right ("7+6 is 13")
 
 
 class Slip:
@@ -55,13 +54,11 @@ class Slip:
         self.delta = rng.choice((-1, 1))
         self.used = False
         self.wrong: str | None = None
-        self.right: str | None = None
 
-    def take(self, fact: str, value: int, hi: int | None = None) -> int:
+    def take(self, value: int, hi: int | None = None) -> int:
         if self.used or value + self.delta < 0 or (hi is not None and value + self.delta > hi):
             return value
         self.used = True
-        self.right = f"{fact} is {value}"
         self.wrong = str(value + self.delta)
         return value + self.delta
 
@@ -92,7 +89,7 @@ def _digits(n: int) -> list[int]:
 def _fact(fact: str, value: int, slip: Slip | None, hi: int | None = None) -> tuple[str, int]:
     """``fact=value``; a slip changes the value and marks it untrained."""
     if slip is not None and not slip.used:
-        wrong = slip.take(fact, value, hi)
+        wrong = slip.take(value, hi)
         if slip.used:
             return f"{fact}={UNTRAINED[0]}{wrong}{UNTRAINED[1]}", wrong
     return f"{fact}={value}", value
@@ -166,7 +163,7 @@ def compare(a: int, b: int) -> str:
 
 def _wrap(w: Worked, slip: Slip | None) -> Worked:
     if slip is not None and slip.used and w.slipped is None:
-        return Worked(w.value, w.text, slip.wrong, slip.right)
+        return Worked(w.value, w.text, slip.wrong)
     return w
 
 
@@ -206,7 +203,7 @@ def sub(a: int, b: int, slip: Slip | None = None) -> Worked:
     """Signed ``a - b``."""
     if b < 0:
         w = add(a, -b, slip)
-        return Worked(w.value, f"minus {b} is plus {-b}: {w.text}", w.slipped, w.fixed)
+        return Worked(w.value, f"minus {b} is plus {-b}: {w.text}", w.slipped)
     if a < 0:
         w = add_columns(-a, b, slip)
         return _wrap(Worked(-w.value, f"{a}-{b} is -({-a}+{b}): {w.text}, so {-w.value}"), slip)

@@ -63,7 +63,7 @@ def test_column_arithmetic_is_exact_and_a_slip_is_one_wrong_digit_fact():
         a, b, op = rng.randint(-999, 999), rng.randint(-999, 999), rng.choice("+-*")
         assert arith.work(a, op, b).value == arith.APPLY[op](a, b)
     w = arith.work(427, "+", 386, arith.Slip(random.Random(1)))
-    assert w.value != 813 and w.fixed == "7+6 is 13"
+    assert w.value != 813 and w.slipped in ("12", "14")
     # the wrong value is marked so that training leaves it out of the loss
     text, spans = arith.strip_untrained(w.text)
     assert f"7+6={w.slipped}," in text and [text[a:b] for a, b in spans] == [w.slipped]
