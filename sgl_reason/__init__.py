@@ -28,6 +28,7 @@ _LAZY = {
     "best_of_n": "sgl_reason.programs",
     "p_yes_verifier": "sgl_reason.programs",
     "ThinkingBudget": "sgl_reason.programs",
+    "Sampling": "sgl_reason.profiles",
     "ProgramResult": "sgl_reason.programs",
     "Sample": "sgl_reason.programs",
     "Cost": "sgl_reason.cost",
@@ -38,14 +39,24 @@ _LAZY = {
     "extract_answer": "sgl_reason.vote",
     # your own programs
     "track": "sgl_reason.tracking",
+    "arun": "sgl_reason.aio",
+    "normalize": "sgl_reason.normalization",
+    "think": "sgl_reason.programs.think_then_answer",
+    "ThinkPlan": "sgl_reason.programs.think_then_answer",
     "EarlyStop": "sgl_reason.early_stop",
     "load_problems": "sgl_reason.data",
 }
+# Public names that are modules: sgl_reason.evaluate.run(program, problems, out), ...
+_MODULES = {"evaluate": "sgl_reason.evaluate"}
 
-__all__ = ["__version__", *_LAZY]
+__all__ = ["__version__", *_LAZY, *_MODULES]
 
 
 def __getattr__(name: str):
+    if name in _MODULES:
+        value = importlib.import_module(_MODULES[name])
+        globals()[name] = value
+        return value
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'sgl_reason' has no attribute {name!r}")

@@ -63,6 +63,7 @@ class ReasonBackend(RuntimeEndpoint):
     def __init__(self, base_url: str, api_key: str | None = None):
         super().__init__(base_url, api_key=api_key)
         self.recorder = CostRecorder()
+        self._fixed_ids: dict[str, list[int]] = {}  # shared by scoped copies
 
     def scoped(self) -> "ReasonBackend":
         """A copy with its own cost ledger (no new connection, no server round trip)."""
@@ -89,6 +90,13 @@ class ReasonBackend(RuntimeEndpoint):
         )
         self._assert_success(res)
         return list(res.json()["tokens"])
+
+    def fixed_ids(self, text: str) -> list[int]:
+        """Token ids of a fixed string (a marker, a wait text), asked of the server once."""
+        ids = self._fixed_ids.get(text)
+        if ids is None:
+            ids = self._fixed_ids[text] = self.tokenize(text)
+        return list(ids)
 
     @functools.cached_property
     def token_exact(self) -> bool:

@@ -29,11 +29,12 @@ from sgl_reason.backend import ReasonBackend
 from sgl_reason.profiles import ModelProfile, Sampling
 from sgl_reason.programs.budget import ThinkingBudget
 from sgl_reason.programs.common import (
-    ProgramResult, Sample, open_prompt, resolve_backend, resolve_profile, sampling_kwargs,
-    timed_cost,
+    ProgramResult, Sample, open_prompt, prompt_texts, resolve_backend, resolve_profile,
+    sampling_kwargs, timed_cost,
 )
 from sgl_reason.programs.self_consistency import collect_direct, fork_shared
-from sgl_reason.programs.think_then_answer import ThinkPlan, think_into
+from sgl_reason.programs.think_then_answer import think_plan_or_none
+from sgl_reason.programs.think_then_answer import think as think_step
 from sgl_reason.vote import normalize_answer
 
 Verifier = SglFunction | Callable[[str, str], float]
@@ -52,7 +53,7 @@ def p_yes_verifier(s):
 
 def _candidate(branch, plan, max_tokens, sampling) -> Sample:
     if plan is not None:
-        sample = think_into(branch, plan)
+        sample = think_step(branch, plan)
     else:
         branch += sgl.gen("completion", max_tokens=max_tokens, **sampling)
         sample = collect_direct(branch)
@@ -97,11 +98,13 @@ def best_of_n(
     *,
     verifier: Verifier = p_yes_verifier,
     max_tokens: int = 256,
-    think: ThinkingBudget | None = None,
+    think: ThinkingBudget | int | str | None = None,
     backend: ReasonBackend | None = None,
     profile: ModelProfile | None = None,
     sampling: Sampling | None = None,
     system: str | None = None,
+    kv_policy: str | None = None,
+    normalize_prompt: bool = True,
 ) -> ProgramResult:
     """Sample ``n`` candidates off one shared prefill, score each, return the best."""
     if n < 1:
@@ -111,10 +114,11 @@ def best_of_n(
             "verifier must be an @sgl.function that sets s['score'] or a callable "
             f"(question, candidate) -> float, got {type(verifier).__name__}"
         )
+    question, system = prompt_texts(question, system, normalize_prompt)
     backend = resolve_backend(backend)
     profile = resolve_profile(backend, profile)
     params = sampling_kwargs(profile, sampling)
-    plan = ThinkPlan(backend, profile, think, params) if think is not None else None
+    plan = think_plan_or_none(backend, profile, think, params, None, kv_policy)
     with timed_cost(backend) as cost:
         state = best_of_n_program.run(
             question=question, num_candidates=n, max_tokens=max_tokens, sampling=params,

@@ -27,6 +27,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 TIERS: dict[str, int] = {"low": 4096, "medium": 16384, "high": 65536}
+# The server's thinking-KV policies (runtime/thinking_kv.py POLICIES; a test keeps them equal)
+# and the custom_params key that sets one per request.
+KV_POLICIES = ("keep", "strip", "demote", "release-on-answer")
+KV_POLICY_KEY = "thinking_kv_policy"
 
 
 class ThinkingBudget(BaseModel):
@@ -61,6 +65,25 @@ class ThinkingBudget(BaseModel):
                 f"({self.thinking_tokens}): lower the minimum or raise the budget."
             )
         return self
+
+
+def as_budget(budget: ThinkingBudget | int | str | None) -> ThinkingBudget:
+    """A budget from a :class:`ThinkingBudget`, a thinking-token count or a tier name."""
+    if budget is None:
+        return ThinkingBudget()
+    if isinstance(budget, ThinkingBudget):
+        return budget
+    if isinstance(budget, (int, str)) and not isinstance(budget, bool):
+        return ThinkingBudget(max_thinking_tokens=budget)
+    raise TypeError(f"budget must be a ThinkingBudget, a token count or one of {sorted(TIERS)}, "
+                    f"got {type(budget).__name__}")
+
+
+def check_kv_policy(policy: str | None) -> str | None:
+    if policy is not None and policy not in KV_POLICIES:
+        raise ValueError(f"Unknown thinking-KV policy {policy!r}: use one of "
+                         f"{', '.join(KV_POLICIES)} (or None for the server's default).")
+    return policy
 
 
 def budget_params_problem(params: dict, vocab_size: int | None = None) -> str | None:

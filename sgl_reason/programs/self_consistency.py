@@ -21,10 +21,11 @@ from sgl_reason.programs.chunked import decision_dict, generate_chunked
 from sgl_reason.profiles import ModelProfile, Sampling
 from sgl_reason.programs.budget import ThinkingBudget
 from sgl_reason.programs.common import (
-    ProgramResult, Sample, open_prompt, resolve_backend, resolve_profile, sampling_kwargs,
-    timed_cost,
+    ProgramResult, Sample, open_prompt, prompt_texts, resolve_backend, resolve_profile,
+    sampling_kwargs, timed_cost,
 )
-from sgl_reason.programs.think_then_answer import ThinkPlan, think_into
+from sgl_reason.programs.think_then_answer import think_plan_or_none
+from sgl_reason.programs.think_then_answer import think as think_step
 from sgl_reason.vote import VoteConfig, extract_answer, normalize_answer, vote
 
 
@@ -76,7 +77,7 @@ def self_consistency_program(s, question, num_samples, max_tokens, sampling, pro
         s["samples"] = [collect_direct(b) for b in branches]
     else:  # think-then-answer in every branch; branches wait on their own replies in parallel
         with ThreadPoolExecutor(max_workers=num_samples) as pool:
-            s["samples"] = list(pool.map(lambda b: think_into(b, plan), branches))
+            s["samples"] = list(pool.map(lambda b: think_step(b, plan), branches))
 
 
 def self_consistency(
@@ -84,16 +85,20 @@ def self_consistency(
     n: int = 8,
     *,
     max_tokens: int = 256,
-    think: ThinkingBudget | None = None,
+    think: ThinkingBudget | int | str | None = None,
     vote_config: VoteConfig | None = None,
     backend: ReasonBackend | None = None,
     profile: ModelProfile | None = None,
     sampling: Sampling | None = None,
     system: str | None = None,
     early_stop: EarlyStop | None = None,
+    kv_policy: str | None = None,
+    normalize_prompt: bool = True,
 ) -> ProgramResult:
     """Sample ``n`` answers off one shared prefill and return the voted answer.
 
+    ``think``: a budget (see :func:`~sgl_reason.think`) makes every branch think first;
+    ``kv_policy`` then sets the server's thinking-KV policy for that thinking.
     ``early_stop``: ``consensus`` samples in windows of ``batch`` and stops once the majority
     is settled (``info["early_stop"]``); ``confidence`` watches every branch, drops
     low-confidence traces and weights the vote by confidence; ``entropy``/``probe`` stop each
@@ -104,11 +109,12 @@ def self_consistency(
     if early_stop is not None and early_stop.signal in ("entropy", "probe") and think is None:
         raise ValueError(f"the {early_stop.signal!r} signal stops thinking: pass think="
                          "ThinkingBudget(...) as well, or use 'confidence' or 'consensus'")
+    question, system = prompt_texts(question, system, normalize_prompt)
     backend = resolve_backend(backend)
     profile = resolve_profile(backend, profile)
     params = sampling_kwargs(profile, sampling)
     per_trace = early_stop if early_stop is not None and early_stop.signal != "consensus" else None
-    plan = ThinkPlan(backend, profile, think, params, per_trace) if think is not None else None
+    plan = think_plan_or_none(backend, profile, think, params, per_trace, kv_policy)
     run = lambda m: self_consistency_program.run(  # noqa: E731
         question=question, num_samples=m, max_tokens=max_tokens, sampling=params,
         profile=profile, plan=plan, system=system, watch=per_trace, backend=backend,

@@ -24,23 +24,27 @@ from sgl_reason.backend import OUTPUT_IDS_KEY, ReasonBackend, set_request_extras
 from sgl_reason.early_stop import EarlyStop
 from sgl_reason.programs.chunked import decision_dict, generate_chunked, run_probe
 from sgl_reason.profiles import ModelProfile, Sampling
-from sgl_reason.programs.budget import BudgetForcingProcessor, ThinkingBudget
+from sgl_reason.programs.budget import (
+    KV_POLICY_KEY, BudgetForcingProcessor, ThinkingBudget, as_budget, check_kv_policy,
+)
 from sgl_reason.programs.common import (
-    ProgramResult, Sample, open_prompt, resolve_backend, resolve_profile, sampling_kwargs,
-    timed_cost,
+    ProgramResult, Sample, open_prompt, prompt_texts, resolve_backend, resolve_profile,
+    sampling_kwargs, timed_cost,
 )
 from sgl_reason.vote import extract_answer
 
 
 class ThinkPlan:
-    """Everything :func:`think_into` needs, resolved once per call (token ids, route)."""
+    """Everything :func:`think` needs, resolved once per program call (token ids, route)."""
 
     def __init__(self, backend: ReasonBackend, profile: ModelProfile, budget: ThinkingBudget,
-                 sampling: dict, early_stop: EarlyStop | None = None):
+                 sampling: dict, early_stop: EarlyStop | None = None,
+                 kv_policy: str | None = None):
         self.profile, self.budget, self.sampling = profile, budget, sampling
         self.early_stop = early_stop
-        self.end_ids = backend.tokenize(profile.think_end)  # what budget forcing writes
-        self.marker_ids = backend.tokenize(profile.end_marker)  # what detection matches
+        self.kv_policy = check_kv_policy(kv_policy)
+        self.end_ids = backend.fixed_ids(profile.think_end)  # what budget forcing writes
+        self.marker_ids = backend.fixed_ids(profile.end_marker)  # what detection matches
         if profile.end_token is not None and len(self.marker_ids) != 1:
             raise ValueError(
                 f"The {profile.name!r} profile's end token {profile.end_token!r} is "
@@ -49,7 +53,7 @@ class ThinkPlan:
             )
         # where the marker token sits in the forced text ("\n" then "</think>": 1)
         self.marker_offset = max(0, _find(self.end_ids, self.marker_ids))
-        self.wait_len = len(backend.tokenize(profile.wait_text))
+        self.wait_len = len(backend.fixed_ids(profile.wait_text))
         single_ok = backend.supports_logit_processor and budget.min_thinking_tokens == 0
         if budget.mode == "single" and not single_ok:
             raise ValueError(
@@ -62,12 +66,63 @@ class ThinkPlan:
             self.route = "chunked"  # thinking in chunks, a signal watching
         self.processor = BudgetForcingProcessor.to_str() if backend.supports_logit_processor else None
 
+    def params(self, custom_params: dict) -> dict:
+        """A thinking request's ``custom_params``, with the plan's KV policy when it has one."""
+        if self.kv_policy is not None:
+            custom_params[KV_POLICY_KEY] = self.kv_policy
+        return custom_params
 
-def think_into(s, plan: ThinkPlan) -> Sample:
-    """Think, close and answer on state ``s`` (already holding the prompt); return the sample.
 
-    Works on any program state, including a fork branch, so programs compose.
+def think_plan_or_none(backend: ReasonBackend, profile: ModelProfile, budget, sampling: dict,
+                       early_stop: EarlyStop | None, kv_policy: str | None) -> ThinkPlan | None:
+    """The plan of a program's ``think=`` argument (None: the program does not think)."""
+    if budget is None:
+        if kv_policy is not None:
+            raise ValueError("kv_policy is the thinking-KV policy: pass think=<budget> as well.")
+        return None
+    return ThinkPlan(backend, profile, as_budget(budget), sampling, early_stop, kv_policy)
+
+
+def think(
+    s,
+    budget: ThinkingBudget | int | str | ThinkPlan | None = None,
+    *,
+    early_stop: EarlyStop | None = None,
+    kv_policy: str | None = None,
+    profile: ModelProfile | None = None,
+    sampling: Sampling | None = None,
+) -> Sample:
+    """Think within ``budget``, close the thinking, answer; return the :class:`Sample`.
+
+    The thinking primitive of every program, for use inside any ``@sgl.function``: ``s`` is the
+    program state (or a fork branch), already holding the prompt with the assistant turn open.
+    ``budget`` is a :class:`ThinkingBudget`, a token count or a tier (``"low"``,
+    ``"medium"``, ``"high"``); default: the ``low`` tier. ``early_stop`` lets a signal end the
+    thinking early (chunked route). ``kv_policy`` is the server's thinking-KV policy for this
+    thinking (``keep``, ``strip``, ``demote``, ``release-on-answer``; needs a server started
+    with ``--thinking-kv-policy``); None leaves the server's default. ``profile`` and
+    ``sampling`` default to the served model's.
+
+    The budget is resolved once per call (a few cached token ids); a program that thinks in
+    many branches resolves it once with :class:`ThinkPlan` and passes the plan instead.
     """
+    if isinstance(budget, ThinkPlan):
+        if early_stop is not None or kv_policy is not None or profile or sampling:
+            raise ValueError("a ThinkPlan already fixes early_stop, kv_policy, profile and "
+                             "sampling: pass them to ThinkPlan, or pass a budget here.")
+        plan = budget
+    else:
+        if early_stop is not None and early_stop.signal == "consensus":
+            raise ValueError("the consensus signal stops sampling, not thinking: use it with "
+                             "self_consistency(early_stop=...)")
+        backend = s.stream_executor.backend
+        if not isinstance(backend, ReasonBackend):
+            raise TypeError("sgl_reason.think needs the program to run on a ReasonBackend "
+                            "(EmbeddedRuntime().endpoint, connect(), or ReasonBackend(url)), "
+                            f"got {type(backend).__name__}.")
+        profile = resolve_profile(backend, profile)
+        plan = ThinkPlan(backend, profile, as_budget(budget),
+                         sampling_kwargs(profile, sampling), early_stop, kv_policy)
     s += plan.profile.think_start
     if plan.route == "single":
         return _single_request(s, plan)
@@ -79,11 +134,14 @@ def think_into(s, plan: ThinkPlan) -> Sample:
 def mask_eos_in_thinking(s, plan: ThinkPlan) -> None:
     """Before a thinking request of the multi-request routes: where the server runs logit
     processors, EOS is masked as in the single-request route, so that thinking ends only by
-    the marker or the budget whatever the route (elsewhere an EOS ends the segment)."""
+    the marker or the budget whatever the route (elsewhere an EOS ends the segment). The
+    plan's thinking-KV policy rides along either way."""
     if plan.processor is not None:
         set_request_extras(s, custom_logit_processor=plan.processor,
-                           custom_params={"budget": 1 << 30, "end_ids": plan.end_ids,
-                                          "max_answer": 1})
+                           custom_params=plan.params({"budget": 1 << 30, "end_ids": plan.end_ids,
+                                                      "max_answer": 1}))
+    elif plan.kv_policy is not None:
+        set_request_extras(s, custom_params=plan.params({}))
 
 
 def _stops(profile: ModelProfile) -> list[str]:
@@ -126,8 +184,9 @@ def _single_request(s, plan: ThinkPlan) -> Sample:
     b = plan.budget
     set_request_extras(
         s, custom_logit_processor=plan.processor,
-        custom_params={"budget": b.thinking_tokens, "end_ids": plan.end_ids,
-                       "marker_ids": plan.marker_ids, "max_answer": b.max_answer_tokens},
+        custom_params=plan.params({"budget": b.thinking_tokens, "end_ids": plan.end_ids,
+                                   "marker_ids": plan.marker_ids,
+                                   "max_answer": b.max_answer_tokens}),
     )
     s += sgl.gen("completion", max_tokens=b.thinking_tokens + len(plan.end_ids)
                  + b.max_answer_tokens + 1, **plan.sampling)
@@ -215,7 +274,7 @@ def _split(text: str, marker: str) -> tuple[str, str]:
 def think_then_answer_program(s, question, plan, system=None):
     """One question: prompt, think within the budget, close, answer."""
     open_prompt(s, question, plan.profile, system)
-    s["sample"] = think_into(s, plan)
+    s["sample"] = think(s, plan)
 
 
 def think_then_answer(
@@ -227,20 +286,23 @@ def think_then_answer(
     sampling: Sampling | None = None,
     system: str | None = None,
     early_stop: EarlyStop | None = None,
+    kv_policy: str | None = None,
+    normalize_prompt: bool = True,
 ) -> ProgramResult:
     """Think within ``budget`` (default: the ``low`` tier, 4k tokens), then answer.
 
     With ``early_stop`` (``entropy``, ``probe`` or ``confidence``) thinking is generated in
     chunks and the signal may close it before the budget; ``samples[0].stopped`` says which
-    signal stopped it, at which token and why.
+    signal stopped it, at which token and why. ``kv_policy``: see :func:`think`.
     """
     if early_stop is not None and early_stop.signal == "consensus":
         raise ValueError("the consensus signal stops sampling, not thinking: use it with "
                          "self_consistency(early_stop=...)")
+    question, system = prompt_texts(question, system, normalize_prompt)
     backend = resolve_backend(backend)
     profile = resolve_profile(backend, profile)
-    plan = ThinkPlan(backend, profile, budget or ThinkingBudget(), sampling_kwargs(profile, sampling),
-                     early_stop)
+    plan = ThinkPlan(backend, profile, as_budget(budget), sampling_kwargs(profile, sampling),
+                     early_stop, kv_policy)
     with timed_cost(backend) as cost:
         state = think_then_answer_program.run(question=question, plan=plan, system=system,
                                               backend=backend)
