@@ -74,6 +74,17 @@ def sampling_kwargs(profile: ModelProfile, sampling: Sampling | None) -> dict[st
     return kwargs
 
 
+def prompt_texts(question: str, system: str | None, normalize_prompt: bool
+                 ) -> tuple[str, str | None]:
+    """The question and system text a program sends: normalized (:mod:`sgl_reason.normalization`)
+    unless the caller opted out, so drifted copies of one prompt share its cached prefix."""
+    if not normalize_prompt:
+        return question, system
+    from sgl_reason.normalization import normalize
+
+    return normalize(question), normalize(system) if system else system
+
+
 def open_prompt(s, question: str, profile: ModelProfile, system: str | None = None) -> None:
     """System (optional) and user turns, then the assistant turn opened for generation."""
     import sglang as sgl
