@@ -54,9 +54,15 @@ def _cmd_train(args: argparse.Namespace) -> int:
 def _cmd_serve(args: argparse.Namespace, sglang_args: list[str]) -> int:
     from sgl_reason.runtime.server import ServerProcess
 
+    ready = False
+
+    def show(line: str) -> None:  # SGLang's start-up log only with -v: its 500-line usage
+        if ready or args.verbose:  # text would bury the one line that names a bad flag
+            print(line, flush=True)
+
     server = ServerProcess(
         model=args.model, host=args.host, port=args.port, extra_args=sglang_args,
-        log_sink=lambda line: print(line, flush=True),
+        log_sink=show,
     )
     stopping = False
 
@@ -69,7 +75,9 @@ def _cmd_serve(args: argparse.Namespace, sglang_args: list[str]) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     started = time.monotonic()
     try:
+        print(f"sgl-reason: starting SGLang on {server.url} (its log: -v) ...", flush=True)
         server.start(timeout=args.startup_timeout)
+        ready = True
         print(
             f"sgl-reason: SGLang server ready at {server.url} in "
             f"{time.monotonic() - started:.1f} s (pid {server.pid}); Ctrl-C stops it.",
@@ -186,16 +194,20 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         from sgl_reason.profiles import Sampling
 
         early["sampling"] = Sampling(temperature=args.temperature)
+    info = {"program": args.program, "model": args.model or "smollm2", "data": args.data,
+            "n": None if args.program == "think_then_answer" else args.n,
+            "budget": think.thinking_tokens if think is not None else None,
+            "early_stop": args.early_stop}
     if problems and not evaluate.pending(problems, out):
         print(f"every problem already has a record in {out}: nothing to run, no server "
               "started (delete the file to run again)", file=sys.stderr)
-        summary = evaluate.finish(problems, out)
+        summary = evaluate.finish(problems, out, info=info)
     else:
         from sgl_reason.connection import connect
 
         with connect(args.url, model=args.model, extra_args=args.server_arg) as backend:
             summary = evaluate.run(_program(args, backend, think, early), problems, out,
-                                   concurrency=args.concurrency)
+                                   concurrency=args.concurrency, info=info)
     print(evaluate.summary_table(summary))
     print(f"records: {out}\nsummary: {evaluate.summary_path(out)}")
     return 0
@@ -398,6 +410,8 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_plot(args)
     except (ModelPrepareError, ServerStartError, ServerUnreachable) as error:
         print(f"sgl-reason: error: {error}", file=sys.stderr)
+        if isinstance(error, ServerStartError) and not args.verbose:
+            print("sgl-reason: rerun with -v for SGLang's whole log", file=sys.stderr)
         return 2
     parser.error(f"unknown command {args.command}")
     return 2

@@ -97,9 +97,11 @@ def pending(problems: list[Problem], out: str | Path) -> list[Problem]:
     return [p for p in problems if p.id not in done]
 
 
-def finish(problems: list[Problem], out: str | Path, seconds: float = 0.0) -> dict:
+def finish(problems: list[Problem], out: str | Path, seconds: float = 0.0,
+           info: dict | None = None) -> dict:
     """Rewrite ``out`` with one record per problem in input order, and write the summary;
-    ``seconds`` of this run are added to the wall time of the runs before it."""
+    ``seconds`` of this run are added to the wall time of the runs before it. ``info`` (what
+    was run: program, n, budget, data, model) is kept in the summary as ``run``."""
     out = Path(out)
     by_id = {r["id"]: r for r in read_records(out)}
     order = [p.id for p in problems]
@@ -109,19 +111,22 @@ def finish(problems: list[Problem], out: str | Path, seconds: float = 0.0) -> di
     staging = out.with_name(out.name + ".tmp")
     staging.write_text("".join(json.dumps(r) + "\n" for r in records + rest))
     staging.replace(out)
-    before = 0.0
+    before, old = 0.0, {}
     if summary_path(out).exists():
         try:
-            before = json.loads(summary_path(out).read_text()).get("wall_seconds", 0.0)
+            old = json.loads(summary_path(out).read_text())
+            before = old.get("wall_seconds", 0.0)
         except json.JSONDecodeError:
             logger.warning("%s: unreadable summary; its wall time is not carried over", out)
     summary = summarize(records, before + seconds)
+    if old.get("run") or info:  # the records' first run says what made them
+        summary["run"] = old.get("run") or info
     summary_path(out).write_text(json.dumps(summary, indent=2))
     return summary
 
 
 def run(program: Program, problems: list[Problem], out: str | Path, concurrency: int = 4,
-        progress: bool = True) -> dict:
+        progress: bool = True, info: dict | None = None) -> dict:
     """Run ``program`` on every problem not yet in ``out``; return the summary of all records
     (records in input order, wall time summed over resumed runs)."""
     out = Path(out)
@@ -158,7 +163,7 @@ def run(program: Program, problems: list[Problem], out: str | Path, concurrency:
         finally:
             if bar is not None:
                 bar.close()
-    return finish(problems, out, time.perf_counter() - started)
+    return finish(problems, out, time.perf_counter() - started, info)
 
 
 def summary_table(summary: dict) -> str:

@@ -55,10 +55,14 @@ def plot(paths: list[str], out_dir: str = "plots") -> list[Path]:
         else:
             benches[label] = data
     if summaries:
-        fig, ax = plt.subplots(figsize=(6, 4))
+        fig, ax = plt.subplots(figsize=(7, 4.5))
         for label, s in summaries.items():
             ax.scatter(s["tokens_per_problem"], s["accuracy"])
-            ax.annotate(label, (s["tokens_per_problem"], s["accuracy"]), fontsize=8)
+            ax.annotate(point_label(label, s), (s["tokens_per_problem"], s["accuracy"]),
+                        xytext=(4, 4), textcoords="offset points", fontsize=7)
+        xs = [s["tokens_per_problem"] for s in summaries.values()]
+        ax.set_xlim(0, max(xs) * 1.45 + 1)  # room for the labels right of the last point
+        ax.set_ylim(0, 1.05)  # accuracy is a share: a 0-1 axis, never a zoom on noise
         ax.set(xlabel="decoded tokens per problem", ylabel="accuracy", title="Accuracy vs tokens")
         written.append(_save(fig, out / "accuracy_vs_tokens.png"))
     if records:
@@ -77,6 +81,21 @@ def plot(paths: list[str], out_dir: str = "plots") -> list[Path]:
         fig.suptitle(f"{label}: n={b['n']}, prompt {b['prompt_tokens']} tokens")
         written.append(_save(fig, out / f"bench_{label}.png"))
     return written
+
+
+def point_label(label: str, summary: dict) -> str:
+    """What a summary's point stands for: program, n, budget, data, and its sample count."""
+    run = summary.get("run") or {}
+    parts = [run.get("program") or label]
+    if run.get("n"):
+        parts.append(f"n={run['n']}")
+    if run.get("budget"):
+        parts.append(f"budget {run['budget']}")
+    if run.get("early_stop"):
+        parts.append(f"stop: {run['early_stop']}")
+    if run.get("data"):
+        parts.append(Path(str(run["data"])).name)
+    return " ".join(parts) + f" ({summary['problems']} problems)"
 
 
 def _thinking_kv(plt, b: dict, path: Path) -> Path:

@@ -74,6 +74,12 @@ def test_eval_then_plot(runtime, tmp_path):
     again = cli("eval", "--program", "self_consistency", "--data",
                 "reasoning-gym:basic_arithmetic?size=3&seed=0", "--url", runtime.url, "--out", str(out))
     assert again.returncode == 0 and len(out.read_text().splitlines()) == 3
+    summary = json.loads(out.with_name("sc.summary.json").read_text())
+    assert summary["run"]["program"] == "self_consistency" and summary["run"]["n"] == 2
+    from sgl_reason.plot import point_label
+
+    assert point_label("sc", summary) == (
+        "self_consistency n=2 reasoning-gym:basic_arithmetic?size=3&seed=0 (3 problems)")
 
     bench = tmp_path / "ps.json"
     bench.write_text(json.dumps({"n": 8, "prompt_tokens": 10, **{

@@ -11,6 +11,7 @@ import collections
 import ipaddress
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -46,7 +47,28 @@ MIN_TOTAL_TOKENS = 256
 
 
 class ServerStartError(RuntimeError):
-    """The server did not become ready; the message carries the tail of its log."""
+    """The server did not become ready; the message leads with the reason found in its log
+    (``reason``, None when none was found) and carries the log's tail where that helps."""
+
+    def __init__(self, message: str, reason: str | None = None):
+        super().__init__(message)
+        self.reason = reason
+
+
+_ARGPARSE_ERROR = re.compile(r"^\S[^:]*: error: (.+)$")
+_EXCEPTION = re.compile(r"^(?:[\w.]+\.)?\w*(?:Error|Exception|Exit)\b:? ?(.*)$")
+
+
+def failure_reason(lines: list[str]) -> str | None:
+    """The one log line that says why a server did not start: the argument parser's error
+    (after its usage text), else the last exception's line."""
+    for line in reversed(lines):
+        if _ARGPARSE_ERROR.match(line.strip()):
+            return line.strip()
+    for line in reversed(lines):
+        if _EXCEPTION.match(line.strip()) and not line.startswith(" "):
+            return line.strip()
+    return None
 
 
 def cuda_available() -> bool:
@@ -251,10 +273,13 @@ class ServerProcess:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 self._reader.join(timeout=5)
+                reason = failure_reason(list(self.log_tail))
+                usage = reason is not None and _ARGPARSE_ERROR.match(reason)
                 raise ServerStartError(
                     f"The SGLang server exited with code {self.proc.returncode} before it was "
-                    f"ready. Command: {' '.join(self.command())}\nLast log lines:\n{self.tail()}"
-                )
+                    f"ready: {reason or 'no reason in its log'}\nCommand: "
+                    f"{' '.join(self.command())}"
+                    + ("" if usage else f"\nLast log lines:\n{self.tail()}"), reason)
             try:
                 if requests.get(self.url + "/health", timeout=2).status_code == 200:
                     return

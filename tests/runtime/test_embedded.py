@@ -68,9 +68,34 @@ def test_runtime_cleanup_and_pool_limit():
     assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in pids)
 
 
-def test_failed_start_shows_the_log_tail():
-    with pytest.raises(ServerStartError, match=r"exited with code .*\n.*Last log lines:(.|\n)*--no-such-flag"):
+def test_a_bad_flag_fails_with_the_one_line_that_names_it():
+    with pytest.raises(ServerStartError) as info:
         EmbeddedRuntime(extra_args=["--no-such-flag"]).start()
+    message = str(info.value)
+    assert "error:" in info.value.reason and "--no-such-flag" in info.value.reason
+    assert message.splitlines()[0].endswith(info.value.reason)  # the reason leads
+    assert "usage:" not in message and len(message.splitlines()) <= 3  # no usage text
+
+
+def test_serve_prints_the_reason_not_sglangs_usage():
+    out = subprocess.run([sys.executable, "-m", "sgl_reason", "serve", "--no-such-flag"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2
+    text = out.stdout + out.stderr
+    assert "--no-such-flag" in text and "rerun with -v" in text
+    assert len(text.splitlines()) <= 6, text
+
+
+def test_failure_reason_finds_the_parsers_line_else_the_exception():
+    from sgl_reason.runtime.server import failure_reason
+
+    usage = ["usage: sglang serve [-h] [--model-path MODEL_PATH]", "  --port PORT",
+             "sglang serve: error: unrecognized arguments: --nope"]
+    assert failure_reason(usage) == "sglang serve: error: unrecognized arguments: --nope"
+    trace = ["Traceback (most recent call last):", '  File "x.py", line 1, in <module>',
+             "    raise ValueError('bad')", "ValueError: --page-size must be 1 for this"]
+    assert failure_reason(trace) == "ValueError: --page-size must be 1 for this"
+    assert failure_reason(["loading weights", "done"]) is None
 
 
 def test_serve_cli_starts_and_stops_on_sigterm():
