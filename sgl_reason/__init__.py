@@ -26,6 +26,7 @@ _LAZY = {
     "self_consistency": "sgl_reason.programs",
     "think_then_answer": "sgl_reason.programs",
     "best_of_n": "sgl_reason.programs",
+    "agent_steps": "sgl_reason.programs",
     "p_yes_verifier": "sgl_reason.programs",
     "ThinkingBudget": "sgl_reason.programs",
     "Sampling": "sgl_reason.profiles",

@@ -82,6 +82,11 @@ class ReasonBackend(RuntimeEndpoint):
     def supports_logit_processor(self) -> bool:
         return bool(self.server_info.get("enable_custom_logit_processor"))
 
+    @property
+    def thinking_kv(self) -> bool:
+        """Whether the server runs sgl-reason's thinking-KV cache (per-request KV policies)."""
+        return self.server_info.get("radix_cache_backend") == "sgl-reason"
+
     def tokenize(self, text: str, add_special_tokens: bool = False) -> list[int]:
         res = http_request(
             self.base_url + "/tokenize",

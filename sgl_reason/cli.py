@@ -370,6 +370,20 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--max-total-tokens", type=int, default=1400, help="the KV pool, in tokens")
     b.add_argument("--shape", type=_shape, default="32,256,256",
                    help="prompt,thinking,answer tokens (the default also runs 32,400,100)")
+    b = benches.add_parser("prompt-drift", help="prefix-cache hit rate under whitespace drift, "
+                           "raw vs normalized prompts")
+    b.add_argument("--requests", type=int, default=24, help="requests per stream")
+    b.add_argument("--seed", type=int, default=0, help="questions and drifts")
+    b.add_argument("--model", default="reasoner", type=_model_name,
+                   help="embedded server's model (default: reasoner)")
+    b = benches.add_parser("agent", help="K-step agent carrying answers vs carrying all thinking")
+    b.add_argument("--steps", type=int, default=30)
+    b.add_argument("--seed", type=int, default=0, help="the plan's numbers")
+    b.add_argument("--step-budget", type=int, default=128, help="thinking tokens per step, at most")
+    b.add_argument("--total-budget", type=int, default=None,
+                   help="thinking tokens for the run; steps get a fair share of what is left")
+    b.add_argument("--model", default="reasoner", type=_model_name,
+                   help="embedded server's model (default: reasoner)")
     for b in benches.choices.values():
         b.add_argument("--json", default=None, help="write the report here")
         b.add_argument("--url", default=None, help="a running server (default: start one)")

@@ -27,9 +27,14 @@ class Cost(BaseModel):
     # tokens, as the KV grows linearly) x its end-to-end latency. A cached prefix shared with
     # other requests is counted once, by the request that computed it.
     kv_token_seconds: float = 0.0
+    # The most KV one request held: its prompt plus what it generated, over all requests
+    # (combined by max, not summed): the peak a sequential program puts on the pool.
+    peak_request_tokens: int = 0
 
     def __add__(self, other: "Cost") -> "Cost":
-        return Cost(**{k: getattr(self, k) + getattr(other, k) for k in Cost.model_fields})
+        values = {k: getattr(self, k) + getattr(other, k) for k in Cost.model_fields}
+        values["peak_request_tokens"] = max(self.peak_request_tokens, other.peak_request_tokens)
+        return Cost(**values)
 
     def __radd__(self, other):
         return self if other == 0 else NotImplemented  # so that sum(costs) works
@@ -55,6 +60,7 @@ class CostRecorder:
             c.computed_prefill_tokens += prompt - cached
             c.decode_tokens += completion
             c.kv_token_seconds += (prompt - cached + completion / 2) * latency
+            c.peak_request_tokens = max(c.peak_request_tokens, prompt + completion)
 
     def snapshot(self) -> Cost:
         with self._lock:

@@ -59,3 +59,14 @@ def test_programs_share_the_prefix_of_drifted_prompts_unless_told_not_to(reasone
     reasoner.flush_cache()
     cost(system)
     assert cost(drifted, normalize_prompt=False).computed_prefill_tokens > first.prompt_tokens / 2
+
+
+def test_the_drift_benchs_copies_all_normalize_to_its_clean_prefix():
+    import random
+
+    from sgl_reason.bench.prompt_drift import SYSTEM, drifted
+
+    rng = random.Random(0)
+    copies = [drifted(SYSTEM, rng) for _ in range(200)]
+    assert len(set(copies)) > 50 and normalize(SYSTEM) == SYSTEM
+    assert {normalize(c) for c in copies} == {SYSTEM}

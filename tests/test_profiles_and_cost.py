@@ -39,6 +39,15 @@ def test_costs_add_up():
     assert (a + b) == total
 
 
+def test_peak_request_tokens_is_the_largest_request_not_a_sum():
+    recorder = CostRecorder()
+    recorder.record({"prompt_tokens": 100, "completion_tokens": 20})
+    recorder.record({"prompt_tokens": 50, "cached_tokens": 40, "completion_tokens": 90})
+    cost = recorder.snapshot()
+    assert cost.peak_request_tokens == 140  # the second: prompt 50 + 90 generated
+    assert (cost + Cost(peak_request_tokens=30)).peak_request_tokens == 140
+
+
 def test_recorder_is_thread_safe():
     recorder = CostRecorder()
     meta = {"prompt_tokens": 10, "cached_tokens": 9, "completion_tokens": 2, "e2e_latency": 0.5}

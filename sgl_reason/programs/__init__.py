@@ -5,8 +5,10 @@
 | prefix-shared self-consistency | :func:`self_consistency` | ``self_consistency.py`` |
 | budgeted think-then-answer | :func:`think_then_answer` | ``think_then_answer.py`` |
 | best-of-N with a verifier | :func:`best_of_n` | ``best_of_n.py`` |
+| multi-step agent, answers carried | :func:`agent_steps` | ``agent.py`` |
 """
 
+from sgl_reason.programs.agent import agent_step_program, agent_steps
 from sgl_reason.programs.best_of_n import best_of_n, best_of_n_program, p_yes_verifier
 from sgl_reason.programs.budget import TIERS, ThinkingBudget
 from sgl_reason.programs.common import ProgramResult, Sample
@@ -15,6 +17,7 @@ from sgl_reason.programs.think_then_answer import think_then_answer, think_then_
 
 __all__ = [
     "ProgramResult", "Sample", "TIERS", "ThinkingBudget",
+    "agent_step_program", "agent_steps",
     "best_of_n", "best_of_n_program", "p_yes_verifier",
     "self_consistency", "self_consistency_program",
     "think_then_answer", "think_then_answer_program",

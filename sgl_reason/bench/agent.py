@@ -1,0 +1,136 @@
+"""``sgl-reason bench agent``: a K-step agent that carries its answers forward against the
+naive one that carries all its thinking.
+
+The plan: a shared context (a shop's till), then K steps, each ``{prev} + a - b`` on the
+previous step's answer (a chain_sum problem, the reasoner's own family, so every step depends
+on the one before). Two rows on one reasoner server (``--thinking-kv-policy keep``, so a request
+can ask for ``strip``), each after a cache flush, both greedy with the same budgets:
+
+| row | earlier turns in each prompt | step thinking KV |
+|---|---|---|
+| ``steps`` | the answers only (:func:`~sgl_reason.programs.agent.agent_steps`) | stripped at the step's end |
+| ``naive`` | thinking and answers (``carry="everything"``) | kept |
+
+Figures: prefill computed and prompt tokens (the server's counts), peak KV (the largest request:
+its prompt plus what it generated, which is what the run's last step holds), decoded tokens,
+wall time, and the answers: agreement step by step, and each row's accuracy (a step is right
+when it computes ``prev + a - b`` from its own ``prev``; the chain is right while every step is).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+from pathlib import Path
+
+from sgl_reason.backend import ReasonBackend
+from sgl_reason.data import answers_match
+from sgl_reason.profiles import Sampling
+from sgl_reason.programs.agent import agent_steps
+
+logger = logging.getLogger(__name__)
+
+CONTEXT = ("You keep the books of a small shop. The till holds {start} dollars when the day "
+           "begins. Each step gives one sale and one expense; work out the till's new total "
+           "from the total of the step before.")
+STEP = "State the final answer to the following arithmetic problem: {{prev}} + {a} - {b} ="
+
+
+def plan(steps: int, seed: int) -> tuple[str, list[str], list[tuple[int, int]], int]:
+    rng = random.Random(seed)
+    start = rng.randint(100, 300)
+    moves = [(rng.randint(10, 60), rng.randint(5, 40)) for _ in range(steps)]
+    return CONTEXT.format(start=start), [STEP.format(a=a, b=b) for a, b in moves], moves, start
+
+
+def _grade(answers: list[str | None], moves: list[tuple[int, int]], start: int) -> dict:
+    local, chain, prev, truth, chain_ok = 0, 0, str(start), start, True
+    for answer, (a, b) in zip(answers, moves):
+        try:
+            expected = str(int(prev) + a - b)
+        except (TypeError, ValueError):
+            expected = None
+        local += expected is not None and answers_match(answer, expected)
+        truth += a - b
+        chain_ok = chain_ok and answers_match(answer, str(truth))
+        chain += chain_ok
+        prev = answer
+    n = len(moves)
+    return {"step_accuracy": round(local / n, 4), "chain_correct_steps": chain}
+
+
+def _row(result, moves, start) -> dict:
+    c = result.cost
+    return {"computed_prefill_tokens": c.computed_prefill_tokens,
+            "prompt_tokens": c.prompt_tokens, "peak_kv_tokens": c.peak_request_tokens,
+            "decode_tokens": c.decode_tokens, "thinking_tokens": c.thinking_tokens,
+            "answer_tokens": c.answer_tokens, "requests": c.requests,
+            "seconds": round(c.seconds, 2), "kv_token_seconds": round(c.kv_token_seconds),
+            "forced_steps": sum(x.forced for x in result.samples),
+            "last_prompt_tokens": result.info["prompt_tokens"][-1],
+            **_grade(result.info["answers"], moves, start)}
+
+
+def run(backend: ReasonBackend, steps: int = 30, seed: int = 0, step_budget: int = 128,
+        total_budget: int | None = None, max_answer_tokens: int = 48) -> dict:
+    context, step_texts, moves, start = plan(steps, seed)
+    common = dict(step_budget=step_budget, total_budget=total_budget, first=str(start),
+                  max_answer_tokens=max_answer_tokens, backend=backend,
+                  sampling=Sampling(temperature=0))
+    results = {}
+    for name, carry in (("steps", "answers"), ("naive", "everything")):
+        backend.flush_cache()
+        results[name] = agent_steps(context, step_texts, carry=carry,
+                                    kv_policy="strip" if carry == "answers" else "keep",
+                                    **common)
+        logger.info("%s: %s", name, results[name].cost)
+    rows = {name: _row(r, moves, start) for name, r in results.items()}
+    a, b = results["steps"].info["answers"], results["naive"].info["answers"]
+    s, n = rows["steps"], rows["naive"]
+    return {
+        "model": backend.get_model_name(), "steps": steps, "seed": seed,
+        "step_budget": step_budget, "total_budget": total_budget,
+        "prefill_ratio_vs_naive": round(s["computed_prefill_tokens"]
+                                        / n["computed_prefill_tokens"], 3),
+        "prompt_ratio_vs_naive": round(s["prompt_tokens"] / n["prompt_tokens"], 3),
+        "peak_kv_ratio_vs_naive": round(s["peak_kv_tokens"] / n["peak_kv_tokens"], 3),
+        "decode_ratio_vs_naive": round(s["decode_tokens"] / n["decode_tokens"], 3),
+        "time_ratio_vs_naive": round(s["seconds"] / n["seconds"], 3),
+        "answer_agreement": round(sum(x == y for x, y in zip(a, b)) / steps, 4),
+        "final_answers": [a[-1], b[-1]],
+        "rows": rows,
+        "budgets": {name: r.info["budgets"] for name, r in results.items()},
+    }
+
+
+def table(report: dict) -> str:
+    keys = ("computed_prefill_tokens", "prompt_tokens", "peak_kv_tokens", "decode_tokens",
+            "seconds", "step_accuracy", "chain_correct_steps")
+    lines = [f"{'row':6} " + " ".join(f"{k[:16]:>16}" for k in keys)]
+    for name, r in report["rows"].items():
+        lines.append(f"{name:6} " + " ".join(f"{r[k]:>16}" for k in keys))
+    lines.append(
+        f"{report['steps']} steps: prefill {report['prefill_ratio_vs_naive']:.3f}x naive, "
+        f"peak KV {report['peak_kv_ratio_vs_naive']:.3f}x, prompt tokens "
+        f"{report['prompt_ratio_vs_naive']:.3f}x, time {report['time_ratio_vs_naive']:.3f}x; "
+        f"answers agree on {report['answer_agreement']:.0%} of steps")
+    return "\n".join(lines)
+
+
+def main(args) -> int:
+    from sgl_reason.connection import connect
+
+    if args.url:
+        conn = connect(args.url)
+    else:
+        conn = connect(model=args.model,
+                       extra_args=["--thinking-kv-policy", "keep", *args.server_arg])
+    with conn as backend:
+        report = run(backend, steps=args.steps, seed=args.seed, step_budget=args.step_budget,
+                     total_budget=args.total_budget)
+    print(table(report))
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2))
+        print(f"wrote {args.json}")
+    return 0
