@@ -23,6 +23,7 @@ _LAZY = {
     "ServerStartError": "sgl_reason.runtime.server",
     # programs
     "ReasonBackend": "sgl_reason.backend",
+    "ProgramCancelled": "sgl_reason.backend",
     "self_consistency": "sgl_reason.programs",
     "think_then_answer": "sgl_reason.programs",
     "best_of_n": "sgl_reason.programs",

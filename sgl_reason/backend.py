@@ -22,8 +22,14 @@ from __future__ import annotations
 
 import copy
 import functools
+import http.client
 import json
 import logging
+import threading
+import urllib.error
+import uuid
+
+import requests
 
 from sglang.lang.backend.runtime_endpoint import RuntimeEndpoint
 from sglang.lang.chat_template import register_chat_template_matching_function
@@ -59,10 +65,78 @@ def set_request_extras(s: ProgramState, **extras) -> None:
     s.set_var(_EXTRAS_VAR, extras)
 
 
+class ServerUnreachable(ConnectionError):
+    """No SGLang server answers at the URL (or it stopped answering mid-request); the message
+    says what to do."""
+
+
+def _unreachable(url: str, error: Exception) -> ServerUnreachable:
+    return ServerUnreachable(
+        f"the SGLang server at {url} stopped answering mid-request ({error}). Its requests "
+        "are lost; restart the server (and rerun: `sgl-reason eval` resumes where it stopped).")
+
+
+# What urllib raises when the server's process is gone (refused, reset, closed mid-reply).
+_CONNECTION_ERRORS = (urllib.error.URLError, ConnectionError, http.client.HTTPException)
+
+
+class ProgramCancelled(RuntimeError):
+    """The program's :class:`CancelScope` was cancelled (its client left, or it timed out)."""
+
+
+class CancelScope:
+    """The server requests of one program call, so that they can be aborted together.
+
+    A backend with a scope (:meth:`ReasonBackend.cancellable`) gives every request it sends a
+    request id and remembers it while it runs; :meth:`cancel` aborts the running ones on the
+    server (``/abort_request``: their KV is freed) and makes every later request of the call
+    raise :class:`ProgramCancelled` instead of being sent."""
+
+    def __init__(self, base_url: str, api_key: str | None = None):
+        self.base_url, self.api_key = base_url, api_key
+        self._lock = threading.Lock()
+        self._live: set[str] = set()
+        self.cancelled = False
+
+    def start(self, data: dict) -> str:
+        with self._lock:
+            if self.cancelled:
+                raise ProgramCancelled("the program was cancelled; no new request is sent")
+            rid = data.setdefault("rid", uuid.uuid4().hex)
+            self._live.add(rid)
+            return rid
+
+    def end(self, rid: str) -> None:
+        with self._lock:
+            self._live.discard(rid)
+
+    def cancel(self) -> int:
+        """Abort every running request of the call; returns how many were aborted."""
+        with self._lock:
+            self.cancelled = True
+            live = sorted(self._live)
+        for rid in live:
+            try:
+                http_request(self.base_url + "/abort_request", json={"rid": rid},
+                             api_key=self.api_key)
+            except Exception as error:  # noqa: BLE001  (a server already gone: nothing to free)
+                logger.warning("could not abort request %s: %s", rid, error)
+        return len(live)
+
+
+def _lines(res, url: str):
+    """A streamed response's lines; a server that dies mid-stream is ServerUnreachable."""
+    try:
+        yield from res.iter_lines(decode_unicode=False)
+    except (*_CONNECTION_ERRORS, requests.RequestException) as error:
+        raise _unreachable(url, error) from error
+
+
 class ReasonBackend(RuntimeEndpoint):
     def __init__(self, base_url: str, api_key: str | None = None):
         super().__init__(base_url, api_key=api_key)
         self.recorder = CostRecorder()
+        self.cancel_scope: CancelScope | None = None
         self._fixed_ids: dict[str, list[int]] = {}  # shared by scoped copies
 
     def scoped(self) -> "ReasonBackend":
@@ -70,6 +144,13 @@ class ReasonBackend(RuntimeEndpoint):
         clone = copy.copy(self)
         clone.recorder = CostRecorder()
         return clone
+
+    def cancellable(self) -> tuple["ReasonBackend", CancelScope]:
+        """A scoped copy whose requests can be aborted together, and the scope that does it.
+        Programs run on it scope their own copies, which keep the scope."""
+        clone = self.scoped()
+        clone.cancel_scope = CancelScope(self.base_url, self.api_key)
+        return clone, clone.cancel_scope
 
     # -- server facts, asked once per backend ---------------------------------------------------
     @functools.cached_property
@@ -88,11 +169,14 @@ class ReasonBackend(RuntimeEndpoint):
         return self.server_info.get("radix_cache_backend") == "sgl-reason"
 
     def tokenize(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        res = http_request(
-            self.base_url + "/tokenize",
-            json={"prompt": text, "add_special_tokens": add_special_tokens},
-            api_key=self.api_key,
-        )
+        try:
+            res = http_request(
+                self.base_url + "/tokenize",
+                json={"prompt": text, "add_special_tokens": add_special_tokens},
+                api_key=self.api_key,
+            )
+        except _CONNECTION_ERRORS as error:
+            raise _unreachable(self.base_url, error) from error
         self._assert_success(res)
         return list(res.json()["tokens"])
 
@@ -133,9 +217,19 @@ class ReasonBackend(RuntimeEndpoint):
 
     # -- every /generate request goes through here ----------------------------------------------
     def _post_generate(self, data: dict) -> dict | list[dict]:
-        res = http_request(self.base_url + "/generate", json=data, api_key=self.api_key)
-        self._assert_success(res)
-        obj = res.json()
+        scope = self.cancel_scope
+        rid = scope.start(data) if scope is not None else None
+        try:
+            res = http_request(self.base_url + "/generate", json=data, api_key=self.api_key)
+            if scope is not None and scope.cancelled:
+                raise ProgramCancelled("the program was cancelled; its requests were aborted")
+            self._assert_success(res)
+            obj = res.json()
+        except _CONNECTION_ERRORS as error:
+            raise _unreachable(self.base_url, error) from error
+        finally:
+            if rid is not None:
+                scope.end(rid)
         for item in obj if isinstance(obj, list) else [obj]:
             self._record(item["meta_info"])
         return obj
@@ -208,22 +302,36 @@ class ReasonBackend(RuntimeEndpoint):
         from the prompt's ids and tokenize the streamed text."""
         data, ids = self._generate_request(s, sampling_params)
         data["stream"] = True
-        res = http_request(self.base_url + "/generate", json=data, stream=True,
-                           api_key=self.api_key)
+        scope = self.cancel_scope
+        rid = scope.start(data) if scope is not None else None
+        try:
+            res = http_request(self.base_url + "/generate", json=data, stream=True,
+                               api_key=self.api_key)
+        except BaseException as error:
+            if rid is not None:
+                scope.end(rid)
+            if isinstance(error, (*_CONNECTION_ERRORS, requests.RequestException)):
+                raise _unreachable(self.base_url, error) from error
+            raise
         self._assert_success(res)
         prompt_text, pos, meta = s.text_, 0, None
         try:
-            for line in res.iter_lines(decode_unicode=False):
+            for line in _lines(res, self.base_url):
                 line = line.decode("utf-8")
                 if not line.startswith("data:") or line == "data: [DONE]":
                     continue
                 chunk = json.loads(line[5:].strip())
-                meta = chunk["meta_info"]
+                meta = dict(chunk["meta_info"])
+                meta[OUTPUT_IDS_KEY] = chunk.get("output_ids")  # cumulative, as the text is
                 text = chunk["text"][pos:]
                 pos += len(text)
                 yield text, meta
         finally:
             res.close()
+            if rid is not None:
+                scope.end(rid)
+        if scope is not None and scope.cancelled:
+            raise ProgramCancelled("the program was cancelled; its requests were aborted")
         if meta is not None:
             self._record(meta)
         if ids is not None:

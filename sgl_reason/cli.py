@@ -94,6 +94,36 @@ def _cmd_serve(args: argparse.Namespace, sglang_args: list[str]) -> int:
         server.stop()
 
 
+def _cmd_gateway(args: argparse.Namespace) -> int:
+    import contextlib
+
+    import uvicorn
+
+    from sgl_reason.connection import connect
+    from sgl_reason.service import Service, ServiceConfig, create_app
+
+    try:
+        config = ServiceConfig(**{k: getattr(args, k) for k in ServiceConfig.model_fields})
+    except ValueError as error:
+        print(f"sgl-reason: error: {str(error).splitlines()[-1].strip()}", file=sys.stderr)
+        return 2
+    if args.upstream and args.server_arg:
+        print("sgl-reason: error: --server-arg configures the embedded server; the server at "
+              "--upstream runs with its own flags", file=sys.stderr)
+        return 2
+    with contextlib.ExitStack() as stack:
+        if args.upstream:
+            backend = stack.enter_context(connect(args.upstream))
+        else:
+            backend = stack.enter_context(connect(
+                model=args.model, extra_args=["--thinking-kv-policy", "keep", *args.server_arg]))
+        service = Service(backend, config, args.served_model_name or backend.get_model_name())
+        print(f"sgl-reason: gateway on http://{args.host}:{args.port}/v1 (model id "
+              f"{service.model_id!r}) -> {backend.base_url}", flush=True)
+        uvicorn.run(create_app(service), host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
 def _options(pairs: list[str], fields=None) -> dict[str, str]:
     """``KEY=VALUE`` strings as keyword arguments (pydantic converts and validates the values);
     a key that is not one of ``fields`` is refused with the list of valid ones."""
@@ -311,6 +341,38 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--startup-timeout", type=float, default=300.0, help="seconds")
 
+    p = sub.add_parser(
+        "gateway", help="OpenAI-compatible reasoning service in front of an SGLang server",
+        description="POST /v1/chat/completions with reasoning_effort tiers, max_thinking_tokens, "
+        "early stop, n > 1 as prefix-shared self-consistency, reasoning_content and the cost "
+        "ledger in usage; /v1/models; /metrics. Without --upstream it starts an embedded "
+        "server (--model, default the tiny reasoner, with the thinking-KV cache).")
+    p.add_argument("--upstream", default=None, help="an SGLang server or sglang-router URL")
+    p.add_argument("--model", default="reasoner", type=_model_name,
+                   help="the embedded server's model (without --upstream)")
+    p.add_argument("--served-model-name", default=None,
+                   help="the model id clients send (default: the upstream's model path)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=30100)
+    # ServiceConfig's fields (a test keeps the two equal; importing it here would cost seconds)
+    p.add_argument("--max-n", type=int, default=16, help="most samples per request")
+    p.add_argument("--max-thinking-tokens", type=int, default=65536,
+                   help="most thinking tokens a request may ask for")
+    p.add_argument("--max-answer-tokens", type=int, default=1024,
+                   help="most answer tokens (max_tokens) a request may ask for")
+    p.add_argument("--default-answer-tokens", type=int, default=512,
+                   help="answer tokens when a request names none")
+    p.add_argument("--max-concurrency", type=int, default=8,
+                   help="requests in flight; more are answered 429")
+    p.add_argument("--timeout-s", type=float, default=600.0,
+                   help="seconds before a request is aborted (504)")
+    p.add_argument("--default-effort", choices=("low", "medium", "high"), default="low",
+                   help="tier when a request names neither reasoning_effort nor a budget")
+    p.add_argument("--normalize-prompt", action=argparse.BooleanOptionalAction, default=True,
+                   help="normalize message whitespace so drifted prompts share the cache")
+    p.add_argument("--server-arg", action="append", default=[],
+                   help="extra sglang.launch_server flag for the embedded server (repeatable)")
+
     p = sub.add_parser("eval", help="run a program over a data set; resumable JSONL + summary")
     p.add_argument("--program", required=True,
                    choices=["self_consistency", "think_then_answer", "best_of_n"])
@@ -384,6 +446,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="thinking tokens for the run; steps get a fair share of what is left")
     b.add_argument("--model", default="reasoner", type=_model_name,
                    help="embedded server's model (default: reasoner)")
+    b = benches.add_parser("service", help="the gateway: n=8 vs n=1 prefill, overhead vs "
+                           "calling the program, a mixed-tier load run")
+    b.add_argument("--reps", type=int, default=3, help="alternated gateway/direct calls")
+    b.add_argument("--requests", type=int, default=24, help="requests of the load run")
+    b.add_argument("--concurrency", type=int, default=4, help="load run: requests in flight")
+    b.add_argument("--model", default="reasoner", type=_model_name,
+                   help="embedded server's model (default: reasoner)")
     for b in benches.choices.values():
         b.add_argument("--json", default=None, help="write the report here")
         b.add_argument("--url", default=None, help="a running server (default: start one)")
@@ -416,6 +485,8 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_model(args)
         if args.command == "serve":
             return _cmd_serve(args, rest)
+        if args.command == "gateway":
+            return _cmd_gateway(args)
         if args.command == "bench":
             return _cmd_bench(args)
         if args.command == "eval":

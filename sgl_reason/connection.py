@@ -9,13 +9,11 @@ import logging
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from sgl_reason.backend import ReasonBackend
+from sgl_reason.backend import ReasonBackend, ServerUnreachable
 
 logger = logging.getLogger(__name__)
 
-
-class ServerUnreachable(ConnectionError):
-    """No SGLang server answers at the URL; the message says what to do."""
+__all__ = ["ServerUnreachable", "connect"]
 
 
 @contextlib.contextmanager

@@ -154,10 +154,11 @@ def run(program: Program, problems: list[Problem], out: str | Path, concurrency:
                 if bar is not None:
                     bar.update(1)
                     bar.set_postfix(acc=f"{correct / finished:.2f}", tok=f"{tokens / finished:.0f}")
-        except KeyboardInterrupt:
+        except BaseException as error:  # Ctrl-C, or a problem failed (e.g. the server died)
             for future in futures:
-                future.cancel()
-            logger.warning("interrupted: %s holds %d finished problems; rerun to resume",
+                future.cancel()  # problems not started yet are dropped, not run into the error
+            logger.warning("%s: %s holds %d finished problems; rerun to resume",
+                           "interrupted" if isinstance(error, KeyboardInterrupt) else "stopped",
                            out, done + finished)
             raise
         finally:

@@ -60,6 +60,8 @@ def test_a_plain_function_streams_and_its_cost_is_recorded_when_the_stream_ends(
     cost = backend.recorder.snapshot()
     assert cost.requests == 1 and cost.decode_tokens == 12
     assert cost.prompt_tokens == len(backend.tokenize(PROMPT, add_special_tokens=True))
+    state.sync()  # the last chunk's meta has every output id, as a whole request's does
+    assert state.get_meta_info("a")[OUTPUT_IDS_KEY] == whole.get_meta_info("a")[OUTPUT_IDS_KEY]
 
     async def collect():
         state = one_answer.run(backend=backend, stream=True)

@@ -70,3 +70,18 @@ def test_the_drift_benchs_copies_all_normalize_to_its_clean_prefix():
     copies = [drifted(SYSTEM, rng) for _ in range(200)]
     assert len(set(copies)) > 50 and normalize(SYSTEM) == SYSTEM
     assert {normalize(c) for c in copies} == {SYSTEM}
+
+
+def test_chat_turns_are_checked_and_each_normalized():
+    from sgl_reason.programs.common import prompt_texts
+
+    turns = [{"role": "system", "content": "Be  brief.\r\n"}, {"role": "user", "content": "Hi\u00a0there"}]
+    assert prompt_texts(turns, None, True)[0] == [
+        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]
+    assert prompt_texts(turns, None, False)[0] is turns
+    for bad, words in (([], "non-empty"), ([{"role": "user"}], "messages\\[0\\]"),
+                       ([{"role": "bot", "content": "x"}], "messages\\[0\\]"),
+                       ([{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
+                        "last message")):
+        with pytest.raises(ValueError, match=words):
+            prompt_texts(bad, None, True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import sglang as sgl
 
 from sgl_reason.early_stop import Chunk, EarlyStop, Probe, Signal, StopDecision
+from sgl_reason.programs.common import finished
 
 
 def _logprobs(meta: dict) -> tuple[list[float], list[list[float]]]:
@@ -31,12 +32,12 @@ def generate_chunked(s, name: str, max_tokens: int, stops: list[str] | None, sam
             before_chunk(s)
         s += sgl.gen(part, max_tokens=min(config.chunk_tokens, max_tokens - used), stop=stops,
                      **sampling, **extra)
-        meta = s.get_meta_info(part)
+        text, meta = finished(s, part)
         used += meta["completion_tokens"]
-        parts.append(s[part])
+        parts.append(text)
         chosen, top = _logprobs(meta)
         chunk = Chunk(
-            text=s[part], tokens_so_far=used, logprobs=chosen, top_logprobs=top,
+            text=text, tokens_so_far=used, logprobs=chosen, top_logprobs=top,
             probe=(lambda: probe(s)) if probe is not None and signal.needs_probe else None,
         )
         if meta["finish_reason"]["type"] == "stop":  # the trace ended by itself
@@ -65,7 +66,7 @@ def run_probe(s, suffix: str, config: EarlyStop) -> Probe:
     fork += suffix
     fork += sgl.gen("probe", max_tokens=config.probe_tokens, stop=list(config.probe_stop) or None,
                     temperature=0, return_logprob=True)
-    text, meta = fork["probe"], fork.get_meta_info("probe")
+    text, meta = finished(fork, "probe")
     logprobs, _ = _logprobs(meta)
     cut = meta["finish_reason"]["type"] == "length" and bool(config.probe_stop)
     return Probe(text, tuple(logprobs), finished=not cut)

@@ -74,25 +74,78 @@ def sampling_kwargs(profile: ModelProfile, sampling: Sampling | None) -> dict[st
     return kwargs
 
 
-def prompt_texts(question: str, system: str | None, normalize_prompt: bool
-                 ) -> tuple[str, str | None]:
-    """The question and system text a program sends: normalized (:mod:`sgl_reason.normalization`)
-    unless the caller opted out, so drifted copies of one prompt share its cached prefix."""
+Messages = list[dict]  # OpenAI-style chat turns: {"role": "system"|"user"|"assistant", "content"}
+_ROLES = ("system", "user", "assistant")
+
+
+def check_messages(messages: Messages) -> Messages:
+    """Chat turns as a program takes them; ValueError naming the fix if they are not."""
+    if not isinstance(messages, list) or not messages:
+        raise ValueError("messages must be a non-empty list of {'role', 'content'} dicts")
+    for i, m in enumerate(messages):
+        if not (isinstance(m, dict) and m.get("role") in _ROLES
+                and isinstance(m.get("content"), str)):
+            raise ValueError(f"messages[{i}] must be {{'role': one of {', '.join(_ROLES)}, "
+                             f"'content': str}}, got {m!r}")
+    if messages[-1]["role"] != "user":
+        raise ValueError("the last message must be the user's: the program answers it")
+    return messages
+
+
+def prompt_texts(question: str | Messages, system: str | None, normalize_prompt: bool
+                 ) -> tuple[str | Messages, str | None]:
+    """The question (or chat turns) and system text a program sends: normalized
+    (:mod:`sgl_reason.normalization`) unless the caller opted out, so drifted copies of one
+    prompt share its cached prefix."""
+    if not isinstance(question, str):
+        check_messages(question)
     if not normalize_prompt:
         return question, system
     from sgl_reason.normalization import normalize
 
-    return normalize(question), normalize(system) if system else system
+    if isinstance(question, str):
+        question = normalize(question)
+    else:
+        question = [{**m, "content": normalize(m["content"])} for m in question]
+    return question, normalize(system) if system else system
 
 
-def open_prompt(s, question: str, profile: ModelProfile, system: str | None = None) -> None:
-    """System (optional) and user turns, then the assistant turn opened for generation."""
+def open_prompt(s, question: str | Messages, profile: ModelProfile,
+                system: str | None = None) -> None:
+    """System (optional) and user turns (or the chat turns of ``question``, a list of
+    messages), the profile's answer format after the last user turn, then the assistant turn
+    opened for generation."""
     import sglang as sgl
 
+    turns = [{"role": "user", "content": question}] if isinstance(question, str) else question
     if system:
         s += sgl.system(system)
-    s += sgl.user(f"{question}\n{profile.answer_format}" if profile.answer_format else question)
+    for i, m in enumerate(turns):
+        content = m["content"]
+        if i == len(turns) - 1 and profile.answer_format:
+            content = f"{content}\n{profile.answer_format}"
+        s += getattr(sgl, m["role"])(content)
     s += sgl.assistant_begin()
+
+
+def finished(s, name: str) -> tuple[str, dict]:
+    """The text and meta info of the gen ``name`` on state ``s``, once it has finished.
+
+    Where the state's executor failed (a server gone, a program cancelled), SGLang leaves the
+    variable unset and keeps the exception: it is raised here, instead of a ``KeyError`` or a
+    ``None`` meta info further on."""
+    ex = s.stream_executor
+    event = ex.variable_event.get(name)
+    if event is not None:
+        event.wait()
+    if name not in ex.variables:
+        deadline = time.monotonic() + 5  # the executor records its error just after the events
+        while ex.error_ is None and not ex.is_finished and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if ex.error_ is not None:
+            raise ex.error_
+        raise RuntimeError(f"the program's request for {name!r} returned nothing")
+    return ex.variables[name], ex.meta_info.get(name) or {}
 
 
 @contextmanager

@@ -21,7 +21,7 @@ from sgl_reason.programs.chunked import decision_dict, generate_chunked
 from sgl_reason.profiles import ModelProfile, Sampling
 from sgl_reason.programs.budget import ThinkingBudget
 from sgl_reason.programs.common import (
-    ProgramResult, Sample, open_prompt, prompt_texts, resolve_backend, resolve_profile,
+    Messages, ProgramResult, Sample, finished, open_prompt, prompt_texts, resolve_backend, resolve_profile,
     sampling_kwargs, timed_cost,
 )
 from sgl_reason.programs.think_then_answer import think_plan_or_none
@@ -39,7 +39,7 @@ def fork_shared(s, n: int):
 
 def collect_direct(branch) -> Sample:
     """The sample of a branch whose ``completion`` gen has been submitted (waits for it)."""
-    text, meta = branch["completion"], branch.get_meta_info("completion")
+    text, meta = finished(branch, "completion")
     cut = meta["finish_reason"]["type"] == "length"
     return Sample(text=text, answer_text=text, answer=extract_answer(text, cut=cut),
                   answer_tokens=meta["completion_tokens"],
@@ -66,6 +66,8 @@ def self_consistency_program(s, question, num_samples, max_tokens, sampling, pro
 
     ``watch``: an ``EarlyStop`` whose per-trace signal watches direct (non-thinking) branches."""
     open_prompt(s, question, profile, system)
+    if plan is not None:
+        s += plan.profile.think_start  # shared: each branch then prefills a single token
     branches = fork_shared(s, num_samples)
     if watch is not None and plan is None:
         with ThreadPoolExecutor(max_workers=num_samples) as pool:
@@ -77,11 +79,11 @@ def self_consistency_program(s, question, num_samples, max_tokens, sampling, pro
         s["samples"] = [collect_direct(b) for b in branches]
     else:  # think-then-answer in every branch; branches wait on their own replies in parallel
         with ThreadPoolExecutor(max_workers=num_samples) as pool:
-            s["samples"] = list(pool.map(lambda b: think_step(b, plan), branches))
+            s["samples"] = list(pool.map(lambda b: think_step(b, plan, opened=True), branches))
 
 
 def self_consistency(
-    question: str,
+    question: str | Messages,
     n: int = 8,
     *,
     max_tokens: int = 256,
@@ -96,6 +98,9 @@ def self_consistency(
     normalize_prompt: bool = True,
 ) -> ProgramResult:
     """Sample ``n`` answers off one shared prefill and return the voted answer.
+
+    ``question``: a string, or chat turns (``[{"role": ..., "content": ...}, ...]``, the last
+    one the user's).
 
     ``think``: a budget (see :func:`~sgl_reason.think`) makes every branch think first;
     ``kv_policy`` then sets the server's thinking-KV policy for that thinking.

@@ -28,7 +28,7 @@ from sgl_reason.programs.budget import (
     KV_POLICY_KEY, BudgetForcingProcessor, ThinkingBudget, as_budget, check_kv_policy,
 )
 from sgl_reason.programs.common import (
-    ProgramResult, Sample, open_prompt, prompt_texts, resolve_backend, resolve_profile,
+    Messages, ProgramResult, Sample, finished, open_prompt, prompt_texts, resolve_backend, resolve_profile,
     sampling_kwargs, timed_cost,
 )
 from sgl_reason.vote import extract_answer
@@ -91,6 +91,7 @@ def think(
     kv_policy: str | None = None,
     profile: ModelProfile | None = None,
     sampling: Sampling | None = None,
+    opened: bool = False,
 ) -> Sample:
     """Think within ``budget``, close the thinking, answer; return the :class:`Sample`.
 
@@ -105,6 +106,8 @@ def think(
 
     The budget is resolved once per call (a few cached token ids); a program that thinks in
     many branches resolves it once with :class:`ThinkPlan` and passes the plan instead.
+    ``opened``: the caller already wrote the profile's ``think_start`` (before a fork, so that
+    the branches share it and each prefills one token, not the marker).
     """
     if isinstance(budget, ThinkPlan):
         if early_stop is not None or kv_policy is not None or profile or sampling:
@@ -123,7 +126,8 @@ def think(
         profile = resolve_profile(backend, profile)
         plan = ThinkPlan(backend, profile, as_budget(budget),
                          sampling_kwargs(profile, sampling), early_stop, kv_policy)
-    s += plan.profile.think_start
+    if not opened:
+        s += plan.profile.think_start
     if plan.route == "single":
         return _single_request(s, plan)
     if plan.route == "chunked":
@@ -170,7 +174,7 @@ def _chunked(s, plan: ThinkPlan) -> Sample:
         )
     s += profile.think_end
     s += sgl.gen("answer", max_tokens=b.max_answer_tokens, **plan.sampling)
-    answer_text, meta = s["answer"], s.get_meta_info("answer")
+    answer_text, meta = finished(s, "answer")
     return Sample(
         text=thinking + profile.think_end + answer_text, thinking=thinking,
         answer_text=answer_text, answer=_answer(answer_text, _cut(meta)),
@@ -190,7 +194,7 @@ def _single_request(s, plan: ThinkPlan) -> Sample:
     )
     s += sgl.gen("completion", max_tokens=b.thinking_tokens + len(plan.end_ids)
                  + b.max_answer_tokens + 1, **plan.sampling)
-    text, meta = s["completion"], s.get_meta_info("completion")
+    text, meta = finished(s, "completion")
     ids = meta.get(OUTPUT_IDS_KEY) or []
     at = _find(ids, plan.marker_ids)  # the marker token, however the text around it merged
     k = plan.marker_offset
@@ -220,9 +224,9 @@ def _two_requests(s, plan: ThinkPlan) -> Sample:
         name = f"thinking_{k}"
         mask_eos_in_thinking(s, plan)
         s += sgl.gen(name, max_tokens=b.thinking_tokens - used, stop=stops, **plan.sampling)
-        meta = s.get_meta_info(name)
+        text, meta = finished(s, name)
         used += meta["completion_tokens"]
-        parts.append(s[name])
+        parts.append(text)
         closed = meta["finish_reason"]["type"] == "stop"
         if not closed:
             forced = True
@@ -235,7 +239,7 @@ def _two_requests(s, plan: ThinkPlan) -> Sample:
         k += 1
     s += profile.think_end
     s += sgl.gen("answer", max_tokens=b.max_answer_tokens, **plan.sampling)
-    answer_text, meta = s["answer"], s.get_meta_info("answer")
+    answer_text, meta = finished(s, "answer")
     thinking = "".join(parts)
     return Sample(
         text=thinking + profile.think_end + answer_text, thinking=thinking,
@@ -278,7 +282,7 @@ def think_then_answer_program(s, question, plan, system=None):
 
 
 def think_then_answer(
-    question: str,
+    question: str | Messages,
     *,
     budget: ThinkingBudget | None = None,
     backend: ReasonBackend | None = None,
@@ -290,6 +294,9 @@ def think_then_answer(
     normalize_prompt: bool = True,
 ) -> ProgramResult:
     """Think within ``budget`` (default: the ``low`` tier, 4k tokens), then answer.
+
+    ``question``: a string, or chat turns (``[{"role": ..., "content": ...}, ...]``, the last
+    one the user's).
 
     With ``early_stop`` (``entropy``, ``probe`` or ``confidence``) thinking is generated in
     chunks and the signal may close it before the budget; ``samples[0].stopped`` says which
