@@ -228,9 +228,12 @@ class Service:
 
     def _room(self, messages: list[dict], answer: int) -> int:
         """Thinking tokens that fit beside the prompt and the answer in the model's context."""
-        prompt = len(self.backend.tokenize("\n".join(m["content"] for m in messages)))
-        overhead = 16 + 8 * len(messages)  # chat template, markers, the answer format
-        return self.context_len - prompt - answer - overhead
+        b, p = self.backend, self.profile
+        prompt = len(b.tokenize("\n".join(m["content"] for m in messages)))
+        markers = len(b.fixed_ids(p.think_start)) + len(b.fixed_ids(p.think_end)) + 1  # + EOS
+        fmt = len(b.fixed_ids(p.answer_format)) if p.answer_format else 0
+        template = 8 * len(messages) + 8  # role tags and the assistant's opening, generously
+        return self.context_len - prompt - fmt - template - markers - answer
 
     # -- running -------------------------------------------------------------------------------
     def admit(self) -> None:
@@ -317,7 +320,7 @@ def usage(result: ProgramResult) -> dict:
     }
 
 
-# -- streaming ------------------------------------------------------------------------------------
+# -- streaming --------------------------------------------------------------------------------
 def stream_events(service: Service, job: Job, backend: ReasonBackend, rid: str, emit) -> None:
     """Run ``job`` (n = 1), calling ``emit(chunk)`` with each OpenAI chunk as text arrives.
 
@@ -454,7 +457,7 @@ class ServiceMetrics:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
 
-# -- the HTTP app -----------------------------------------------------------------------------------
+# -- the HTTP app ---------------------------------------------------------------------------
 def create_app(service: Service):
     from fastapi import FastAPI
     from fastapi.responses import JSONResponse, Response, StreamingResponse

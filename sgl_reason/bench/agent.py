@@ -1,10 +1,12 @@
 """``sgl-reason bench agent``: a K-step agent that carries its answers forward against the
 naive one that carries all its thinking.
 
-The plan: a shared context (a shop's till), then K steps, each ``{prev} + a - b`` on the
-previous step's answer (a chain_sum problem, the reasoner's own family, so every step depends
-on the one before). Two rows on one reasoner server (``--thinking-kv-policy keep``, so a request
-can ask for ``strip``), each after a cache flush, both greedy with the same budgets:
+Two plans over a shared context. ``farm`` (the default): K leg-counting questions from
+reasoning-gym (the reasoner's best family; seeds from 6,000,000, never trained on), each
+answered on its own, so answers can be compared step by step. ``till``: K steps ``{prev} + a -
+b`` on the previous step's answer (chain_sum), where one wrong step changes every later
+question. Two rows on one reasoner server (``--thinking-kv-policy keep``, so a request can ask
+for ``strip``), each after a cache flush, both greedy with the same budgets:
 
 | row | earlier turns in each prompt | step thinking KV |
 |---|---|---|
@@ -13,8 +15,8 @@ can ask for ``strip``), each after a cache flush, both greedy with the same budg
 
 Figures: prefill computed and prompt tokens (the server's counts), peak KV (the largest request:
 its prompt plus what it generated, which is what the run's last step holds), decoded tokens,
-wall time, and the answers: agreement step by step, and each row's accuracy (a step is right
-when it computes ``prev + a - b`` from its own ``prev``; the chain is right while every step is).
+wall time, and the answers: agreement step by step and each row's accuracy (``till``: a step is
+right when it computes ``prev + a - b`` from its own ``prev``).
 """
 
 from __future__ import annotations
@@ -35,6 +37,20 @@ CONTEXT = ("You keep the books of a small shop. The till holds {start} dollars w
            "begins. Each step gives one sale and one expense; work out the till's new total "
            "from the total of the step before.")
 STEP = "State the final answer to the following arithmetic problem: {{prev}} + {a} - {b} ="
+
+
+FARM = ("You are counting animal legs on a farm, one pen at a time. Each question is about "
+        "its own pen.")
+FARM_SEED = 6_000_000
+
+
+def farm_plan(steps: int, seed: int = 0) -> tuple[str, list[str], list[str]]:
+    """The farm's context, K leg-counting questions and their gold answers."""
+    from sgl_reason.reasoner.traces import dataset
+
+    ds = dataset("leg_counting", steps, FARM_SEED + seed)
+    items = [ds[i] for i in range(steps)]
+    return FARM, [x["question"] for x in items], [str(x["answer"]) for x in items]
 
 
 def plan(steps: int, seed: int) -> tuple[str, list[str], list[tuple[int, int]], int]:
@@ -60,7 +76,7 @@ def _grade(answers: list[str | None], moves: list[tuple[int, int]], start: int) 
     return {"step_accuracy": round(local / n, 4), "chain_correct_steps": chain}
 
 
-def _row(result, moves, start) -> dict:
+def _row(result, grade: dict) -> dict:
     c = result.cost
     return {"computed_prefill_tokens": c.computed_prefill_tokens,
             "prompt_tokens": c.prompt_tokens, "peak_kv_tokens": c.peak_request_tokens,
@@ -68,14 +84,22 @@ def _row(result, moves, start) -> dict:
             "answer_tokens": c.answer_tokens, "requests": c.requests,
             "seconds": round(c.seconds, 2), "kv_token_seconds": round(c.kv_token_seconds),
             "forced_steps": sum(x.forced for x in result.samples),
-            "last_prompt_tokens": result.info["prompt_tokens"][-1],
-            **_grade(result.info["answers"], moves, start)}
+            "last_prompt_tokens": result.info["prompt_tokens"][-1], **grade}
 
 
 def run(backend: ReasonBackend, steps: int = 30, seed: int = 0, step_budget: int = 128,
-        total_budget: int | None = None, max_answer_tokens: int = 48) -> dict:
-    context, step_texts, moves, start = plan(steps, seed)
-    common = dict(step_budget=step_budget, total_budget=total_budget, first=str(start),
+        total_budget: int | None = None, max_answer_tokens: int = 48,
+        plan_name: str = "farm") -> dict:
+    if plan_name == "farm":
+        context, step_texts, golds = farm_plan(steps, seed)
+        first, grade = "", lambda answers: {"step_accuracy": round(sum(
+            answers_match(a, g) for a, g in zip(answers, golds)) / steps, 4)}
+    elif plan_name == "till":
+        context, step_texts, moves, start = plan(steps, seed)
+        first, grade = str(start), lambda answers: _grade(answers, moves, start)
+    else:
+        raise ValueError(f"unknown plan {plan_name!r}: farm or till")
+    common = dict(step_budget=step_budget, total_budget=total_budget, first=first,
                   max_answer_tokens=max_answer_tokens, backend=backend,
                   sampling=Sampling(temperature=0))
     results = {}
@@ -85,11 +109,11 @@ def run(backend: ReasonBackend, steps: int = 30, seed: int = 0, step_budget: int
                                     kv_policy="strip" if carry == "answers" else "keep",
                                     **common)
         logger.info("%s: %s", name, results[name].cost)
-    rows = {name: _row(r, moves, start) for name, r in results.items()}
+    rows = {name: _row(r, grade(r.info["answers"])) for name, r in results.items()}
     a, b = results["steps"].info["answers"], results["naive"].info["answers"]
     s, n = rows["steps"], rows["naive"]
     return {
-        "model": backend.get_model_name(), "steps": steps, "seed": seed,
+        "model": backend.get_model_name(), "plan": plan_name, "steps": steps, "seed": seed,
         "step_budget": step_budget, "total_budget": total_budget,
         "prefill_ratio_vs_naive": round(s["computed_prefill_tokens"]
                                         / n["computed_prefill_tokens"], 3),
@@ -106,7 +130,7 @@ def run(backend: ReasonBackend, steps: int = 30, seed: int = 0, step_budget: int
 
 def table(report: dict) -> str:
     keys = ("computed_prefill_tokens", "prompt_tokens", "peak_kv_tokens", "decode_tokens",
-            "seconds", "step_accuracy", "chain_correct_steps")
+            "seconds", "step_accuracy")
     lines = [f"{'row':6} " + " ".join(f"{k[:16]:>16}" for k in keys)]
     for name, r in report["rows"].items():
         lines.append(f"{name:6} " + " ".join(f"{r[k]:>16}" for k in keys))
@@ -128,7 +152,7 @@ def main(args) -> int:
                        extra_args=["--thinking-kv-policy", "keep", *args.server_arg])
     with conn as backend:
         report = run(backend, steps=args.steps, seed=args.seed, step_budget=args.step_budget,
-                     total_budget=args.total_budget)
+                     total_budget=args.total_budget, plan_name=args.plan)
     print(table(report))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))

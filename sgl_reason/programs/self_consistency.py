@@ -21,8 +21,8 @@ from sgl_reason.programs.chunked import decision_dict, generate_chunked
 from sgl_reason.profiles import ModelProfile, Sampling
 from sgl_reason.programs.budget import ThinkingBudget
 from sgl_reason.programs.common import (
-    Messages, ProgramResult, Sample, finished, open_prompt, prompt_texts, resolve_backend, resolve_profile,
-    sampling_kwargs, timed_cost,
+    Messages, ProgramResult, Sample, finished, open_prompt, prompt_texts, resolve_backend,
+    resolve_profile, sampling_kwargs, timed_cost,
 )
 from sgl_reason.programs.think_then_answer import think_plan_or_none
 from sgl_reason.programs.think_then_answer import think as think_step

@@ -28,8 +28,8 @@ from sgl_reason.programs.budget import (
     KV_POLICY_KEY, BudgetForcingProcessor, ThinkingBudget, as_budget, check_kv_policy,
 )
 from sgl_reason.programs.common import (
-    Messages, ProgramResult, Sample, finished, open_prompt, prompt_texts, resolve_backend, resolve_profile,
-    sampling_kwargs, timed_cost,
+    Messages, ProgramResult, Sample, finished, open_prompt, prompt_texts, resolve_backend,
+    resolve_profile, sampling_kwargs, timed_cost,
 )
 from sgl_reason.vote import extract_answer
 
