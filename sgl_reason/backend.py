@@ -58,10 +58,22 @@ OUTPUT_IDS_KEY = "output_ids"
 _IDS_VAR = "__sgl_reason_token_ids__"
 
 
+def sync(s: ProgramState) -> None:
+    """``s.sync()``, raising the state's executor error instead of waiting forever: once a
+    request of ``s`` failed (a server gone, a cancelled program), SGLang's executor thread has
+    exited and a later sync would wait on it for good."""
+    ex = s.stream_executor
+    if ex.error_ is not None:
+        raise ex.error_
+    s.sync()
+    if ex.error_ is not None:
+        raise ex.error_
+
+
 def set_request_extras(s: ProgramState, **extras) -> None:
     """Attach top-level ``/generate`` fields (e.g. ``custom_logit_processor``) to the next ``gen``
     of ``s``. Syncs first, so that no queued request of ``s`` picks them up by mistake."""
-    s.sync()
+    sync(s)
     s.set_var(_EXTRAS_VAR, extras)
 
 

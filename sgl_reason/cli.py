@@ -441,6 +441,8 @@ def build_parser() -> argparse.ArgumentParser:
     b = benches.add_parser("agent", help="K-step agent carrying answers vs carrying all thinking")
     b.add_argument("--steps", type=int, default=30)
     b.add_argument("--seed", type=int, default=0, help="the plan's numbers")
+    b.add_argument("--plan", choices=("farm", "till"), default="farm",
+                   help="farm: independent leg-counting steps; till: each step on the last answer")
     b.add_argument("--step-budget", type=int, default=128, help="thinking tokens per step, at most")
     b.add_argument("--total-budget", type=int, default=None,
                    help="thinking tokens for the run; steps get a fair share of what is left")
@@ -453,6 +455,15 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--concurrency", type=int, default=4, help="load run: requests in flight")
     b.add_argument("--model", default="reasoner", type=_model_name,
                    help="embedded server's model (default: reasoner)")
+    b = benches.add_parser("soak", help="mixed load, aborts, disconnects and hostile input on "
+                           "a small pool; every request and KV slot accounted for")
+    b.add_argument("--requests", type=int, default=1000, help="requests per row")
+    b.add_argument("--seconds", type=float, default=3600, help="stop sending after this long")
+    b.add_argument("--concurrency", type=int, default=12)
+    b.add_argument("--max-total-tokens", type=int, default=2048, help="the KV pool, small")
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--rows", type=_names, default=("bf16", "fp8-per-token"),
+                   help="bf16, fp8-per-token")
     for b in benches.choices.values():
         b.add_argument("--json", default=None, help="write the report here")
         b.add_argument("--url", default=None, help="a running server (default: start one)")
@@ -468,6 +479,7 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(levelname)s %(name)s: %(message)s",
     )
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request otherwise
     if args.command != "serve" and rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if getattr(args, "url", None) and getattr(args, "server_arg", None):

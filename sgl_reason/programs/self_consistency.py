@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import sglang as sgl
 
-from sgl_reason.backend import ReasonBackend
+from sgl_reason.backend import ReasonBackend, sync
 from sgl_reason.early_stop import EarlyStop
 from sgl_reason.programs.chunked import decision_dict, generate_chunked
 from sgl_reason.profiles import ModelProfile, Sampling
@@ -32,8 +32,8 @@ from sgl_reason.vote import VoteConfig, extract_answer, normalize_answer, vote
 def fork_shared(s, n: int):
     """Fork after committing the prefix. SGLang's ``fork`` checks the text before it syncs, so
     under the threaded executor it often skips the commit and every branch prefills the whole
-    prompt; syncing first makes the commit happen."""
-    s.sync()
+    prompt; syncing first makes the commit happen (and raises a failed commit's error)."""
+    sync(s)
     return s.fork(n)
 
 

@@ -464,6 +464,13 @@ def _check_budget_params(req) -> bool:
     from sgl_reason.programs.budget import budget_params_problem
 
     problem = budget_params_problem(params, getattr(req, "vocab_size", None))
+    limit = getattr(req.sampling_params, "max_new_tokens", None)
+    if problem is None and isinstance(limit, int):
+        forced_end = params["budget"] + len(params["end_ids"])
+        if params["budget"] < limit < forced_end:  # forcing would start and be cut mid-marker
+            problem = (f"max_new_tokens ({limit}) ends inside the forced end-of-thinking marker "
+                       f"(budget {params['budget']} + {len(params['end_ids'])} marker tokens): "
+                       f"raise max_new_tokens to at least {forced_end + 1} or lower the budget")
     if problem is not None:
         req.set_finish_with_abort(f"custom_params: {problem}.")
     return problem is None
