@@ -21,12 +21,11 @@ right when it computes ``prev + a - b`` from its own ``prev``).
 
 from __future__ import annotations
 
-import json
 import logging
 import random
-from pathlib import Path
 
 from sgl_reason.backend import ReasonBackend
+from sgl_reason.bench import publish
 from sgl_reason.data import answers_match
 from sgl_reason.profiles import Sampling
 from sgl_reason.programs.agent import agent_steps
@@ -153,8 +152,5 @@ def main(args) -> int:
     with conn as backend:
         report = run(backend, steps=args.steps, seed=args.seed, step_budget=args.step_budget,
                      total_budget=args.total_budget, plan_name=args.plan)
-    print(table(report))
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2))
-        print(f"wrote {args.json}")
+    publish(report, table(report), args.json)
     return 0

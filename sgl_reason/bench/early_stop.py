@@ -27,11 +27,10 @@ model's answers (docs/benchmarks.md).
 
 from __future__ import annotations
 
-import json
 import logging
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
+from sgl_reason.bench import publish
 from sgl_reason.data import load
 from sgl_reason.early_stop import EarlyStop
 from sgl_reason.profiles import Sampling
@@ -161,8 +160,5 @@ def main(args) -> int:
         report = run(backend, dataset=args.dataset, limit=args.limit, budget=args.budget,
                      chunk=args.chunk, concurrency=args.concurrency, seed=args.seed,
                      rows=args.rows)
-    print(table(report))
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2))
-        print(f"wrote {args.json}")
+    publish(report, table(report), args.json)
     return 0

@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 from sgl_reason import EmbeddedRuntime, model
+from sgl_reason.bench import publish
 from sgl_reason.runtime import fp8_kv
 
 TOP = 20
@@ -47,7 +48,7 @@ def chat(text: str) -> str:
 
 
 def gsm8k_text(skip: int, tokens_hint: int) -> str:
-    path = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "gsm8k" / "test.jsonl"
+    path = Path(__file__).resolve().parents[2] / "data" / "gsm8k" / "test.jsonl"  # in the repo
     lines = path.read_text().splitlines()[skip:]
     out, n = [], 0
     for line in lines:
@@ -196,8 +197,5 @@ def table(r: dict) -> str:
 
 def main(args) -> int:
     report = run(tokens=args.tokens)
-    print(table(report))
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2))
-        print(f"wrote {args.json}")
+    publish(report, table(report), args.json)
     return 0

@@ -12,12 +12,11 @@ exactly ``new_tokens``:
 
 from __future__ import annotations
 
-import json
 import logging
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 from sgl_reason.backend import ReasonBackend
+from sgl_reason.bench import publish
 from sgl_reason.cost import Cost
 from sgl_reason.profiles import PROMPTED, Sampling
 from sgl_reason.programs.self_consistency import self_consistency
@@ -112,8 +111,5 @@ def main(args) -> int:
 
     with connect(args.url, extra_args=args.server_arg) as backend:
         report = run(backend, n=args.n, prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens)
-    print(table(report))
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2))
-        print(f"wrote {args.json}")
+    publish(report, table(report), args.json)
     return 0

@@ -21,13 +21,12 @@ compares the normalized stream's generated text with the drift-free stream's, re
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import unicodedata
-from pathlib import Path
 
 from sgl_reason.backend import ReasonBackend
+from sgl_reason.bench import publish
 from sgl_reason.cost import Cost
 from sgl_reason.profiles import Sampling
 from sgl_reason.programs.budget import ThinkingBudget
@@ -183,8 +182,5 @@ def main(args) -> int:
     model = None if args.url else args.model
     with connect(args.url, model=model, extra_args=args.server_arg) as backend:
         report = run(backend, requests=args.requests, seed=args.seed)
-    print(table(report))
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2))
-        print(f"wrote {args.json}")
+    publish(report, table(report), args.json)
     return 0

@@ -17,14 +17,13 @@ bound to 127.0.0.1. Three parts, in one run:
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import random
 import statistics
 import time
-from pathlib import Path
 
 from sgl_reason.backend import ReasonBackend
+from sgl_reason.bench import publish
 from sgl_reason.bench.prompt_drift import SYSTEM
 from sgl_reason.profiles import Sampling
 from sgl_reason.programs.budget import ThinkingBudget
@@ -173,8 +172,5 @@ def main(args) -> int:
     with conn as backend:
         report = run(backend, reps=args.reps, requests=args.requests,
                      concurrency=args.concurrency)
-    print(table(report))
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2))
-        print(f"wrote {args.json}")
+    publish(report, table(report), args.json)
     return 0

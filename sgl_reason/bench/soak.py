@@ -32,11 +32,11 @@ import time
 import warnings
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import requests
 
 from sgl_reason.backend import ProgramCancelled, ReasonBackend
+from sgl_reason.bench import publish
 from sgl_reason.profiles import PROFILES
 from sgl_reason.programs.budget import KV_POLICIES, BudgetForcingProcessor, ThinkingBudget
 
@@ -58,8 +58,13 @@ FILLER = " The shop also sells pens, paper, glue and string, all at fixed prices
 class Soak:
     """One server's soak: builds the requests, sends them, classifies each outcome."""
 
-    def __init__(self, backend: ReasonBackend, seed: int):
+    def __init__(self, backend: ReasonBackend, seed: int, light: bool = False):
         self.backend, self.url = backend, backend.base_url
+        # light (CI): the same kinds with short generations; the full soak's long ones (600-token
+        # plain requests, 256-token thinking left running by a disconnect) cost minutes there
+        self.long = 64 if light else 600
+        self.thinking = 48 if light else 256
+        self.natural = 96 if light else 1024  # light: a budget that usually binds
         self.rng = random.Random(seed)
         self.profile = PROFILES["reasoner"]
         self.end_ids = backend.fixed_ids(self.profile.think_end)
@@ -165,14 +170,14 @@ class Soak:
         try:
             if kind == "plain":
                 body = {"text": self.prompt(self.question(rng), think=False),
-                        "sampling_params": {"max_new_tokens": rng.choice((16, 64, 600)),
+                        "sampling_params": {"max_new_tokens": rng.choice((16, 64, self.long)),
                                             "temperature": 0.7}}  # long ones fill the pool
                 return kind, _status(requests.post(self.url + "/generate", json=body, timeout=600))
             if kind == "forced":
                 body = self.forced_body(rng, rng.randint(8, 96), rng.randint(4, 48), policy)
                 return kind, _status(requests.post(self.url + "/generate", json=body, timeout=600))
             if kind == "natural":
-                body = self.forced_body(rng, 1024, 64, policy)
+                body = self.forced_body(rng, self.natural, 64, policy)
                 return kind, _status(requests.post(self.url + "/generate", json=body, timeout=900))
             if kind == "fork":
                 from sgl_reason.programs.self_consistency import self_consistency
@@ -187,7 +192,7 @@ class Soak:
                 return kind, self.stream(body, stop_after=None, abort=False,
                                          abort_after_s=rng.uniform(0.0, 0.4))
             if kind == "abort_thinking":
-                return kind, self.stream(self.forced_body(rng, 256, 32, policy),
+                return kind, self.stream(self.forced_body(rng, self.thinking, 32, policy),
                                          stop_after=rng.randint(3, 40), abort=True)
             if kind == "abort_answer":
                 return kind, self.stream(self.forced_body(rng, 8, 96, policy),
@@ -195,7 +200,7 @@ class Soak:
             if kind == "abort_fork":
                 return kind, self.abort_fork(rng, policy)
             if kind == "disconnect":
-                return kind, self.stream(self.forced_body(rng, 256, 32, policy),
+                return kind, self.stream(self.forced_body(rng, self.thinking, 32, policy),
                                          stop_after=rng.randint(2, 30), abort=False)
             if kind == "hostile":
                 name, body = rng.choice(self.hostile_bodies(rng))
@@ -214,7 +219,8 @@ class Soak:
         timer.start()
         try:
             self_consistency(self.question(rng), n=4, backend=backend,
-                             think=ThinkingBudget(max_thinking_tokens=256, max_answer_tokens=24),
+                             think=ThinkingBudget(max_thinking_tokens=self.thinking,
+                                                  max_answer_tokens=24),
                              kv_policy=policy)
             return "answered"  # finished before the abort landed
         except ProgramCancelled:
@@ -249,7 +255,7 @@ def _metric(text: str, name: str) -> float:
 
 
 def soak_row(row: str, extra: list[str], requests_n: int, seconds: float, concurrency: int,
-             pool: int, seed: int) -> dict:
+             pool: int, seed: int, light: bool = False) -> dict:
     from sgl_reason.runtime.embedded import EmbeddedRuntime
 
     log: list[str] = []
@@ -261,7 +267,7 @@ def soak_row(row: str, extra: list[str], requests_n: int, seconds: float, concur
         # SGLang's executor warns with a traceback for every cancelled fork branch
         warnings.filterwarnings("ignore", message="Error in stream_executor")
         ready_at = len(log)  # start-up notices are not the soak's errors
-        soak = Soak(rt.endpoint, seed)
+        soak = Soak(rt.endpoint, seed, light)
         kinds = random.Random(seed).choices(list(KINDS), weights=list(KINDS.values()),
                                             k=requests_n)
         started = time.monotonic()
@@ -313,13 +319,14 @@ def soak_row(row: str, extra: list[str], requests_n: int, seconds: float, concur
 
 
 def run(requests_n: int = 1000, seconds: float = 3600, concurrency: int = 12, pool: int = 2048,
-        seed: int = 0, rows: tuple[str, ...] = tuple(ROWS), extra_args: tuple = ()) -> dict:
+        seed: int = 0, rows: tuple[str, ...] = tuple(ROWS), extra_args: tuple = (),
+        light: bool = False) -> dict:
     report = {"rows": {}}
     for row in rows:
         if row not in ROWS:
             raise ValueError(f"unknown soak row {row!r}: {', '.join(ROWS)}")
         report["rows"][row] = soak_row(row, [*ROWS[row], *extra_args], requests_n, seconds,
-                                       concurrency, pool, seed)
+                                       concurrency, pool, seed, light)
         logger.info("%s: %s", row, report["rows"][row])
     keys = ("requests", "retractions", "releases", "aborts", "leaked_slots", "server_errors",
             "unaccounted", "seconds")
@@ -349,10 +356,7 @@ def main(args) -> int:
     report = run(requests_n=args.requests, seconds=args.seconds, concurrency=args.concurrency,
                  pool=args.max_total_tokens, seed=args.seed, rows=args.rows,
                  extra_args=tuple(args.server_arg))
-    print(table(report))
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2))
-        print(f"wrote {args.json}")
+    publish(report, table(report), args.json)
     ok = (report["leaked_slots"] == 0 and report["server_errors"] == 0
           and report["unaccounted"] == 0)
     return 0 if ok else 1

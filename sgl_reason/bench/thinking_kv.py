@@ -27,17 +27,16 @@ cannot change a running request's tokens, and their agreement with ``keep`` is t
 
 from __future__ import annotations
 
-import json
 import logging
 import statistics
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import requests
 
 from sgl_reason import EmbeddedRuntime
+from sgl_reason.bench import publish
 from sgl_reason.profiles import PROMPTED
 from sgl_reason.programs.budget import BudgetForcingProcessor
 from sgl_reason.runtime.thinking_kv import DEFAULT_SINK, DEFAULT_WINDOW
@@ -322,8 +321,5 @@ def main(args) -> int:
     report = run(requests_n=args.requests, pool=args.max_total_tokens, shape=args.shape,
                  extra=args.server_arg,
                  second_shape=SECOND_SHAPE if args.shape == DEFAULT_SHAPE else None)
-    print(table(report))
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2))
-        print(f"wrote {args.json}")
+    publish(report, table(report), args.json)
     return 0
