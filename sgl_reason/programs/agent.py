@@ -74,8 +74,8 @@ def agent_steps(
 
     ``samples[k]`` is step k's sample; ``info`` has each step's ``answers``, ``budgets`` and
     ``prompt_tokens``. ``kv_policy``: ``"auto"`` strips each step's thinking KV where the server
-    can (``--thinking-kv-policy``), else keeps it; or any policy, or None for the server's
-    default. ``first`` fills ``{prev}`` in the first step.
+    can (``--thinking-kv-policy``) and sends none elsewhere; or any policy, or None for the
+    server's default. ``first`` fills ``{prev}`` in the first step.
     """
     if not steps:
         raise ValueError("steps is empty: pass the plan as a list of step instructions.")
