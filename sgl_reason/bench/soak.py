@@ -52,6 +52,7 @@ KINDS = {  # weight of each kind in the mix
 POLICIES = [p for p in KV_POLICIES if p != "demote"]  # demote needs its own server (see docs)
 _ERROR_LINE = re.compile(r"Traceback|\bERROR\b|Exception|Error:|Fatal|[Ll]eak")
 _REFUSAL = re.compile(r"\[http_server\] Error: ")
+_RETRACTED = re.compile(r"Retract requests\. #retracted_reqs: (\d+)")
 FILLER = " The shop also sells pens, paper, glue and string, all at fixed prices."
 
 
@@ -305,7 +306,9 @@ def soak_row(row: str, extra: list[str], requests_n: int, seconds: float, concur
     return {
         "row": row, "requests": len(outcomes), "seconds": round(elapsed, 1),
         "outcomes": dict(sorted(counts.items())),
-        "retractions": int(_metric(metrics, "sglang:num_retracted_requests_total")),
+        # SGLang 0.5.23 exports no retraction counter here (its gauge resets each interval);
+        # the scheduler's warning line names each retraction
+        "retractions": sum(int(n) for line in after for n in _RETRACTED.findall(line)),
         "releases": int(_metric(metrics, "sgl_reason:thinking_kv_released_tokens_total")),
         "aborts": soak.aborts,
         "leaked_slots": load["num_used_tokens"],
