@@ -200,23 +200,30 @@ def test_a_body_that_is_not_json(gateway, client):
 
 @pytest.mark.server
 def test_limits_429_past_concurrency_and_504_past_the_timeout(reasoner):
-    service = Service(reasoner.endpoint, ServiceConfig(max_concurrency=1, timeout_s=2),
-                      "reasoner")
     body = {"model": "reasoner", "messages": [{"role": "user", "content": QUESTION}],
             "max_thinking_tokens": 2048, "max_tokens": 64}
-    with Gateway(service) as g:
+    # A generous timeout while one stream is held: on a slow machine a 2 s timeout can free
+    # the held slot before the second request arrives, which then meets the timeout (504).
+    busy = Service(reasoner.endpoint, ServiceConfig(max_concurrency=1, timeout_s=300),
+                   "reasoner")
+    with Gateway(busy) as g:
         with httpx.Client(timeout=60) as http:
             with http.stream("POST", g.url + "/v1/chat/completions",
                              json={**body, "stream": True}) as held:
                 next(held.iter_lines())  # in flight
                 r = requests.post(g.url + "/v1/chat/completions", json=body, timeout=60)
                 assert r.status_code == 429 and "retry later" in r.json()["error"]["message"]
-        assert _wait_free(reasoner.url) == 0
+        assert 'status="429"' in requests.get(g.url + "/metrics", timeout=10).text
         deadline = time.monotonic() + 30
-        while service.in_flight and time.monotonic() < deadline:  # the left stream's slot
+        while busy.in_flight and time.monotonic() < deadline:  # the left stream's slot
             time.sleep(0.1)
+        assert busy.in_flight == 0
+    assert _wait_free(reasoner.url) == 0
+
+    hasty = Service(reasoner.endpoint, ServiceConfig(max_concurrency=1, timeout_s=2),
+                    "reasoner")
+    with Gateway(hasty) as g:
         r = requests.post(g.url + "/v1/chat/completions", json=body, timeout=60)
         assert r.status_code == 504 and "timeout" in r.json()["error"]["message"]
         assert _wait_free(reasoner.url) == 0  # the timed-out request was aborted
-        metrics = requests.get(g.url + "/metrics", timeout=10).text
-        assert 'status="429"' in metrics and 'status="504"' in metrics
+        assert 'status="504"' in requests.get(g.url + "/metrics", timeout=10).text

@@ -138,13 +138,16 @@ def finished(s, name: str) -> tuple[str, dict]:
     event = ex.variable_event.get(name)
     if event is not None:
         event.wait()
-    if name not in ex.variables:
+    # A streamed gen sets its variable to "" before its request starts, so a failed one
+    # shows as a variable without the meta info a finished request carries.
+    if name not in ex.variables or "finish_reason" not in (ex.meta_info.get(name) or {}):
         deadline = time.monotonic() + 5  # the executor records its error just after the events
         while ex.error_ is None and not ex.is_finished and time.monotonic() < deadline:
             time.sleep(0.01)
         if ex.error_ is not None:
             raise ex.error_
-        raise RuntimeError(f"the program's request for {name!r} returned nothing")
+        if name not in ex.variables:
+            raise RuntimeError(f"the program's request for {name!r} returned nothing")
     return ex.variables[name], ex.meta_info.get(name) or {}
 
 
