@@ -459,8 +459,9 @@ def build_parser() -> argparse.ArgumentParser:
                            "a small pool; every request and KV slot accounted for")
     b.add_argument("--requests", type=int, default=1000, help="requests per row")
     b.add_argument("--seconds", type=float, default=3600, help="stop sending after this long")
-    b.add_argument("--concurrency", type=int, default=12)
-    b.add_argument("--max-total-tokens", type=int, default=2048, help="the KV pool, small")
+    b.add_argument("--concurrency", type=int, default=16)
+    b.add_argument("--max-total-tokens", type=int, default=1536,
+                   help="the KV pool, small enough that SGLang retracts requests")
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--rows", type=_names, default=("bf16", "fp8-per-token"),
                    help="bf16, fp8-per-token")

@@ -321,10 +321,10 @@ def soak_row(row: str, extra: list[str], requests_n: int, seconds: float, concur
     }
 
 
-def run(requests_n: int = 1000, seconds: float = 3600, concurrency: int = 12, pool: int = 2048,
+def run(requests_n: int = 1000, seconds: float = 3600, concurrency: int = 16, pool: int = 1536,
         seed: int = 0, rows: tuple[str, ...] = tuple(ROWS), extra_args: tuple = (),
         light: bool = False) -> dict:
-    report = {"rows": {}}
+    report = {"seed": seed, "concurrency": concurrency, "pool_tokens": pool, "rows": {}}
     for row in rows:
         if row not in ROWS:
             raise ValueError(f"unknown soak row {row!r}: {', '.join(ROWS)}")
