@@ -425,8 +425,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--rows", type=_rows, default=None, metavar="NAME[,NAME]",
                    help="run only these rows besides full (default: all): half_budget, entropy, "
                    "probe, probe_agree3, probe_confident, confidence, consensus")
-    b = benches.add_parser("fp8-kv", help="16-bit vs per-tensor vs per-token FP8 KV")
-    b.add_argument("--tokens", type=int, default=1000, help="teacher-forced sequence length (about)")
+    b = benches.add_parser("fp8-kv", help="16-bit vs per-tensor vs per-token FP8 and int8 KV")
+    b.add_argument("--tokens", type=int, default=2000, help="teacher-forced sequence length (about)")
     b = benches.add_parser("thinking-kv", help="stock vs each thinking-KV policy at a fixed pool")
     b.add_argument("--requests", type=int, default=10, help="requests sent at once per row")
     b.add_argument("--max-total-tokens", type=int, default=1400, help="the KV pool, in tokens")

@@ -6,7 +6,9 @@ Rows (each its own embedded server, same model, same requests):
 - ``per_tensor``: FP8 with one scale of 1.0 for everything, SGLang's uncalibrated default;
 - ``per_tensor_calibrated``: FP8 with one scale per layer for K and for V, amax/448 measured on
   a calibration text (a different text from the one evaluated);
-- ``per_token``: FP8 with one bf16 scale per token and head (``--kv-scale per-token``).
+- ``per_token``: FP8 with one bf16 scale per token and head (``--kv-scale per-token``);
+- ``int8_per_token``: int8 codes with one bf16 scale per token and head
+  (``--kv-cache-dtype int8_per_token_head``), the same bytes as ``per_token``.
 
 SGLang's own FP8 KV on CPU needs AMX kernels this machine lacks, so the two per-tensor rows are
 emulated inside sgl-reason's pool with fixed scales (same arithmetic: divide, cast, multiply).
@@ -32,7 +34,7 @@ from sgl_reason.runtime import fp8_kv
 
 TOP = 20
 DECODE_TOKENS = 64
-POOL_TOKENS = 16384  # per server: the longest request here is ~1,500 tokens, batches ~4,000
+POOL_TOKENS = 16384  # per server: the longest request here is ~3,000 tokens, batches ~4,000
 PROMPTS = [
     "Write a short story about a robot learning to paint.",
     "Explain why the sky is blue.",
@@ -139,7 +141,7 @@ def quality(rt: EmbeddedRuntime, text: str) -> dict:
                         for p in PROMPTS]}
 
 
-def run(tokens: int = 1000, budget_gib: float = 1.0) -> dict:
+def run(tokens: int = 2000, budget_gib: float = 1.0) -> dict:
     path = model.default_model_path()
     config = json.loads((path / "config.json").read_text())
     info = {"layers": config["num_hidden_layers"], "kv_heads": config["num_key_value_heads"],
@@ -155,8 +157,9 @@ def run(tokens: int = 1000, budget_gib: float = 1.0) -> dict:
             "per_tensor": ({fp8_kv.ENV: "fixed:1.0"}, fp8),
             "per_tensor_calibrated": ({fp8_kv.ENV: f"layers:{scales}"}, fp8),
             "per_token": ({fp8_kv.ENV: "per-token"}, fp8),
+            "int8_per_token": (None, ["--kv-cache-dtype", "int8_per_token_head"]),
         }
-        # all four up at once (an idle server takes no CPU here), so decode speed is measured
+        # all five up at once (an idle server takes no CPU here), so decode speed is measured
         # in turns rather than minutes apart
         servers = {name: stack.enter_context(EmbeddedRuntime(
             extra_args=[*extra, "--max-total-tokens", str(POOL_TOKENS)], env=env))
@@ -180,12 +183,18 @@ def run(tokens: int = 1000, budget_gib: float = 1.0) -> dict:
         row.pop("_logprobs"), row.pop("_greedy")
     report.update(rows)
     report["bytes_per_token_ratio_vs_16bit"] = round(rows["per_token"]["bytes_per_token"] / ref["bytes_per_token"], 4)
+    report["schemes"] = {name: {
+        "bytes_ratio_vs_16bit": round(row["bytes_per_token"] / ref["bytes_per_token"], 4),
+        "kl": row["kl"], "top1_agreement": row["top1_agreement"],
+        "decode_ratio": row["decode_tok_s_ratio"],
+        "context_tokens": report["teacher_forced_tokens"]}
+        for name, row in rows.items() if name != "bf16"}
     return report
 
 
 def table(r: dict) -> str:
     lines = [f"{'row':24} {'B/token':>8} {'tokens/GiB':>11} {'KL':>10} {'top-1':>7} {'greedy':>7} {'decode x':>9}"]
-    for name in ("bf16", "per_tensor", "per_tensor_calibrated", "per_token"):
+    for name in ("bf16", "per_tensor", "per_tensor_calibrated", "per_token", "int8_per_token"):
         x = r[name]
         lines.append(f"{name:24} {x['bytes_per_token']:>8} {x['tokens_in_budget']:>11} "
                      f"{x.get('kl', 0):>10.5f} {x.get('top1_agreement', 1):>7.3f} "

@@ -51,6 +51,30 @@ def test_dequantize_matches_the_fp8_cast_on_every_code():
         assert fp8_kv.dequantize(codes, s, torch.bfloat16).dtype == torch.bfloat16
 
 
+# int8: half a step of amax/127, the step widened by the bf16 rounding of the scale (<= 2^-8),
+# or, where that rounding shrank the scale, the clamp at 127 steps (<= 2^-8 of amax)
+INT8_BOUND = 1 / 254 + 2 ** -8
+
+
+def test_int8_roundtrip_is_within_half_a_step_and_trades_against_e4m3_by_outliers():
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(512, 3, 64, generator=g).bfloat16()
+
+    def mse(code):
+        q, s = fp8_kv.quantize(x, code=code)
+        return ((fp8_kv.dequantize(q, s) - x.float()) ** 2).mean()
+
+    assert mse("int8") < mse("e4m3") / 2  # gaussian rows: int8's 127 steps beat 3 mantissa bits
+    x[:, :, 3] *= 40  # an outlier channel: int8's uniform step coarsens the rest of the row
+    assert mse("int8") > mse("e4m3")
+    q, s = fp8_kv.quantize(x, code="int8")
+    assert q.dtype == torch.int8 and int(q.abs().max()) == 127
+    amax = x.abs().amax(dim=-1, keepdim=True).float()
+    assert ((fp8_kv.dequantize(q, s) - x.float()).abs() / amax).max().item() <= INT8_BOUND
+    with pytest.raises(ValueError, match="unknown KV code 'int4': use one of e4m3, int8"):
+        fp8_kv.quantize(x, code="int4")
+
+
 def test_per_tensor_scale_one_saturates():
     x = torch.tensor([[1000.0, -900.0, 0.5]])
     q, s = fp8_kv.quantize(x, fixed=1.0)
@@ -84,6 +108,40 @@ def test_pool_capacity_accounts_for_scales(monkeypatch):
     assert ((got - k).abs() <= REL_BOUND * k.abs().amax(dim=-1, keepdim=True)).all()
 
 
+def test_int8_pool_stores_int8_codes_in_the_one_byte_layout(monkeypatch):
+    monkeypatch.setenv(fp8_kv.ENV, "per-token")
+    monkeypatch.setenv(fp8_kv.CODES_ENV, "int8")
+    heads, dim = 3, 64
+    pool = fp8_kv.pool_class()(size=32, page_size=1, dtype=torch.float8_e4m3fn, head_num=heads,
+                               head_dim=dim, layer_num=2, device="cpu",
+                               enable_memory_saver=False)
+    k = torch.randn(4, heads, dim)
+    pool.set_kv_buffer(SimpleNamespace(layer_id=0), torch.arange(4, 8), k, -k)
+    keys, values = pool.get_key_buffer(0), pool.get_value_buffer(0)
+    assert keys.data.dtype == torch.int8 and pool.k_buffer[0].element_size() == 1
+    amax = k.abs().amax(dim=-1, keepdim=True)
+    assert ((keys.rows(torch.arange(4, 8)) - k).abs() <= INT8_BOUND * amax).all()
+    assert ((values[torch.arange(4, 8)] + k).abs() <= INT8_BOUND * amax).all()
+    monkeypatch.setenv(fp8_kv.CODES_ENV, "int4")
+    with pytest.raises(ValueError, match="SGL_REASON_KV_CODES='int4': use one of e4m3, int8"):
+        fp8_kv.codes()
+
+
+def test_vllm_style_kv_dtypes_select_the_per_token_pool_and_its_codes(monkeypatch):
+    monkeypatch.delenv(fp8_kv.ENV, raising=False)
+    monkeypatch.delenv(fp8_kv.CODES_ENV, raising=False)
+    args = SimpleNamespace(kv_cache_dtype="int8_per_token_head")
+    fp8_kv.prepare(args)
+    assert args.kv_cache_dtype == "fp8_e4m3"  # SGLang's one-byte layout
+    assert fp8_kv.uses_pool() and fp8_kv.codes() == "int8"
+    args = SimpleNamespace(kv_cache_dtype="bfloat16")
+    fp8_kv.prepare(args)
+    assert args.kv_cache_dtype == "bfloat16"
+    monkeypatch.setenv(fp8_kv.ENV, "per-tensor")
+    with pytest.raises(ValueError, match="drop --kv-scale per-tensor"):
+        fp8_kv.prepare(SimpleNamespace(kv_cache_dtype="fp8_per_token_head"))
+
+
 def test_unsupported_combination_lists_what_is_supported(monkeypatch):
     monkeypatch.setenv(fp8_kv.ENV, "per-token")
     args = SimpleNamespace(kv_cache_dtype="auto", attention_backend="flashinfer", disable_cuda_graph=False)
@@ -113,3 +171,21 @@ def test_per_token_server_generates_and_refuses_bad_flags():
         assert second["meta_info"]["cached_tokens"] >= first["meta_info"]["prompt_tokens"] - 2
     with pytest.raises(ServerStartError, match="--kv-scale per-token does not support --kv-cache-dtype auto"):
         EmbeddedRuntime(extra_args=["--kv-scale", "per-token"]).start()
+
+
+@pytest.mark.server
+def test_int8_per_token_head_server_reads_what_16_bit_reads():
+    """``--kv-cache-dtype int8_per_token_head`` (vLLM's name) builds the int8 pool, and its
+    next-token distributions along a teacher-forced text stay close to the 16-bit server's."""
+    from sgl_reason import EmbeddedRuntime
+    from sgl_reason.bench.fp8_kv import gsm8k_text, kl_and_top1, top_logprobs
+
+    text = gsm8k_text(40, 300)
+    with EmbeddedRuntime(extra_args=["--kv-cache-dtype", "int8_per_token_head"]) as rt:
+        started = rt.server.tail(10_000)  # the start-up log, the pool's line in it
+        ours = top_logprobs(rt, text)
+    assert "per-token KV pool: int8 codes" in started, started[-3000:]
+    with EmbeddedRuntime() as rt:
+        ref = top_logprobs(rt, text)
+    kl, top1 = kl_and_top1(ref, ours)
+    assert len(ref) > 250 and kl < 0.02 and top1 > 0.9, (kl, top1)
