@@ -5,7 +5,8 @@ token of an extend) reads the KV slots ``kv_indices[kv_start[t] : kv_start[t] + 
 its request (an extend token sees its prefix and the new tokens up to itself: the causal mask
 is the length). Per block of ``BLOCK_N`` slots it loads the fp8 K and V bytes and their
 per-(token, head) bf16 scales, turns the bytes into fp16 with integer ops (the bit move of
-:func:`sgl_reason.runtime.fp8_kv.dequantize`, exact, no fp8 instruction needed), scales, and
+:func:`sgl_reason.runtime.fp8_kv.dequantize`, exact, no fp8 instruction needed; int8 codes are
+a bitcast and a convert), scales, and
 folds the block into an online softmax in fp32. Only the slots a query reads are touched; the
 pool is never dequantized. GQA: query head ``h`` reads KV head ``h // group``.
 
@@ -34,6 +35,7 @@ def _fp8_paged_attention(  # the kernel body, decorated by _kernel()
     Q, K, V, KS, VS, Out, KvIndices, KvStart, KvLen, sm_scale,
     stride_qt, stride_qh, stride_kn, stride_kh, stride_sn, stride_sh, stride_ot, stride_oh,
     GROUP: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK: tl.constexpr,
+    INT8: tl.constexpr,
 ):
     t = tl.program_id(0)
     h = tl.program_id(1)
@@ -52,21 +54,29 @@ def _fp8_paged_attention(  # the kernel body, decorated by _kernel()
         slot = tl.load(KvIndices + start + offs, mask=nmask, other=0).to(tl.int64)
         kvmask = nmask[:, None] & dmask[None, :]
         row = slot[:, None] * stride_kn + kvh * stride_kh + d[None, :]
-        # the 2^-8 of the bit move goes into the scale
         k_scale = tl.load(KS + slot * stride_sn + kvh * stride_sh, mask=nmask, other=0.0)
-        # e4m3 s.eeee.mmm (bias 7) -> fp16 s.eeeee.mmmmmmmmmm (bias 15) = value * 2^-8
-        kb = tl.load(K + row, mask=kvmask, other=0).to(tl.int16)
-        kb = (kb + (kb & 0x80)) << 7
-        k = kb.to(tl.float16, bitcast=True).to(tl.float32) * (k_scale.to(tl.float32) * 256.0)[:, None]
+        kb = tl.load(K + row, mask=kvmask, other=0)
+        if INT8:
+            k = kb.to(tl.int8, bitcast=True).to(tl.float32) * k_scale.to(tl.float32)[:, None]
+        else:
+            # e4m3 s.eeee.mmm (bias 7) -> fp16 s.eeeee.mmmmmmmmmm (bias 15) = value * 2^-8;
+            # the 2^-8 of the bit move goes into the scale
+            kb = kb.to(tl.int16)
+            kb = (kb + (kb & 0x80)) << 7
+            k = kb.to(tl.float16, bitcast=True).to(tl.float32) * (k_scale.to(tl.float32) * 256.0)[:, None]
         scores = tl.sum(q[None, :] * k, 1) * sm_scale
         scores = tl.where(nmask, scores, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, 0))
         p = tl.exp(scores - m_new)
         alpha = tl.exp(m_i - m_new)
         v_scale = tl.load(VS + slot * stride_sn + kvh * stride_sh, mask=nmask, other=0.0)
-        vb = tl.load(V + row, mask=kvmask, other=0).to(tl.int16)
-        vb = (vb + (vb & 0x80)) << 7
-        v = vb.to(tl.float16, bitcast=True).to(tl.float32) * (v_scale.to(tl.float32) * 256.0)[:, None]
+        vb = tl.load(V + row, mask=kvmask, other=0)
+        if INT8:
+            v = vb.to(tl.int8, bitcast=True).to(tl.float32) * v_scale.to(tl.float32)[:, None]
+        else:
+            vb = vb.to(tl.int16)
+            vb = (vb + (vb & 0x80)) << 7
+            v = vb.to(tl.float16, bitcast=True).to(tl.float32) * (v_scale.to(tl.float32) * 256.0)[:, None]
         acc = acc * alpha + tl.sum(p[:, None] * v, 0)
         l_i = l_i * alpha + tl.sum(p, 0)
         m_i = m_new
@@ -84,9 +94,11 @@ def _kernel():
 
 def fp8_paged_attention(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, v: torch.Tensor,
                         v_scale: torch.Tensor, kv_indices: torch.Tensor, kv_start: torch.Tensor,
-                        kv_len: torch.Tensor, sm_scale: float) -> torch.Tensor:
-    """q [T, Hq, D]; k, v fp8 (or their uint8 bytes) [N, Hkv, D]; scales [N, Hkv]; kv_indices
-    flat slots; kv_start, kv_len [T] -> fp32 [T, Hq, D]. Every kv_len must be >= 1."""
+                        kv_len: torch.Tensor, sm_scale: float, code: str | None = None
+                        ) -> torch.Tensor:
+    """q [T, Hq, D]; k, v fp8 or int8 codes (or their uint8 bytes, with ``code`` "e4m3" or
+    "int8" naming them) [N, Hkv, D]; scales [N, Hkv]; kv_indices flat slots; kv_start,
+    kv_len [T] -> fp32 [T, Hq, D]. Every kv_len must be >= 1."""
     import triton
 
     T, hq, dim = q.shape
@@ -96,6 +108,9 @@ def fp8_paged_attention(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor,
     if k.shape != v.shape or k_scale.shape != v_scale.shape or k_scale.shape != k.shape[:2]:
         raise ValueError(f"K {tuple(k.shape)}, V {tuple(v.shape)}, scales {tuple(k_scale.shape)}, "
                          f"{tuple(v_scale.shape)}: expected [N, Hkv, D] and [N, Hkv]")
+    code = code or ("int8" if k.dtype == torch.int8 else "e4m3")
+    if code not in ("e4m3", "int8"):
+        raise ValueError(f"unknown KV code {code!r}: use e4m3 or int8")
     k8, v8 = k.view(torch.uint8), v.view(torch.uint8)
     out = torch.empty((T, hq, dim), dtype=torch.float32, device=q.device)
     if T == 0:
@@ -105,6 +120,7 @@ def fp8_paged_attention(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor,
         q.stride(0), q.stride(1), k8.stride(0), k8.stride(1), k_scale.stride(0), k_scale.stride(1),
         out.stride(0), out.stride(1),
         GROUP=hq // hkv, D=dim, BLOCK_D=triton.next_power_of_2(dim), BLOCK=BLOCK_N,
+        INT8=code == "int8",
     )
     return out
 
@@ -181,7 +197,7 @@ def _attend(backend, q, k, v, layer, forward_batch, save_kv_cache, sinks, decode
     hq, dim = layer.tp_q_head_num, layer.qk_head_dim
     out = fp8_paged_attention(
         q.reshape(-1, hq, dim), pool.k_buffer[i], pool.token_k_scale[i], pool.v_buffer[i],
-        pool.token_v_scale[i], kv_indices, kv_start, kv_len, layer.scaling)
+        pool.token_v_scale[i], kv_indices, kv_start, kv_len, layer.scaling, pool.codes)
     return out.to(q.dtype).reshape(-1, hq * layer.v_head_dim)
 
 

@@ -1,7 +1,8 @@
 """The Triton GPU path of per-token FP8 KV, run on CPU by the Triton interpreter.
 
-The kernel is checked against the torch reference (the CPU path's dequantize, softmax in fp32)
-for decode and for extend (causal: each new token sees its prefix and itself), with GQA, slots
+The kernel is checked, for e4m3 and int8 codes, against the torch reference (the CPU path's
+dequantize, softmax in fp32) for decode and for extend (causal: each new token sees its prefix
+and itself), with GQA, slots
 scattered over the pool, sequences that do and do not fill a block, and outlier-heavy K/V; and
 the backend wiring (``_attend``) on the real per-token pool, extend then decode.
 
@@ -25,13 +26,13 @@ HQ, HKV, DIM = 9, 3, 64  # SmolLM2-135M's attention shape
 POOL = 256
 
 
-def _pool(seed: int):
+def _pool(seed: int, code: str = "e4m3"):
     g = torch.Generator().manual_seed(seed)
     k = torch.randn(POOL, HKV, DIM, generator=g)
     v = torch.randn(POOL, HKV, DIM, generator=g)
     k[:, :, 3] *= 40.0  # an outlier channel, as real keys have
     v[::7] *= 1e-3  # rows far below fp8's normal range: only a per-row scale keeps them
-    (kq, ks), (vq, vs) = fp8_kv.quantize(k), fp8_kv.quantize(v)
+    (kq, ks), (vq, vs) = fp8_kv.quantize(k, code=code), fp8_kv.quantize(v, code=code)
     return kq, ks, vq, vs
 
 
@@ -46,9 +47,9 @@ def _req_to_token(seq_lens: list[int], seed: int) -> torch.Tensor:
     return rows
 
 
-def check_kernel_matches_the_torch_reference(extend_lens):
+def check_kernel_matches_the_torch_reference(extend_lens, code="e4m3"):
     seq_lens = [5, 32, 70]  # under one block, exactly one block, several blocks
-    kq, ks, vq, vs = _pool(0)
+    kq, ks, vq, vs = _pool(0, code)
     rows = _req_to_token(seq_lens, 1)
     kv_indices, kv_start, kv_len = triton_fp8.query_ranges(
         rows, torch.arange(3), torch.tensor(seq_lens),
@@ -61,13 +62,15 @@ def check_kernel_matches_the_torch_reference(extend_lens):
     torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
 
 
-def check_backend_wiring_on_the_real_pool():
+def check_backend_wiring_on_the_real_pool(code="e4m3"):
     """``_attend`` as TritonAttnBackend runs it: an extend of two requests writes K/V through
     the per-token pool (which quantizes), then a decode step; both against the reference over
     what the pool holds. SimpleNamespace stands in for the backend, layer and batch objects."""
     from types import SimpleNamespace
 
     os.environ[fp8_kv.ENV] = "per-token"
+    os.environ[fp8_kv.CODES_ENV] = code
+    codes = fp8_kv.CODE_DTYPES[code]
     pool = fp8_kv.pool_class()(size=64, page_size=1, dtype=torch.float8_e4m3fn, head_num=HKV,
                                head_dim=DIM, layer_num=2, device="cpu", enable_memory_saver=False)
     backend = SimpleNamespace(token_to_kv_pool=pool)
@@ -92,8 +95,8 @@ def check_backend_wiring_on_the_real_pool():
         ranges = triton_fp8.query_ranges(req_to_token, batch.req_pool_indices, batch.seq_lens,
                                          None if decode else batch.extend_seq_lens)
         want = triton_fp8.reference_attention(
-            q.view(n, HQ, DIM), pool.k_buffer[1].view(torch.float8_e4m3fn), pool.token_k_scale[1],
-            pool.v_buffer[1].view(torch.float8_e4m3fn), pool.token_v_scale[1], *ranges, layer.scaling)
+            q.view(n, HQ, DIM), pool.k_buffer[1].view(codes), pool.token_k_scale[1],
+            pool.v_buffer[1].view(codes), pool.token_v_scale[1], *ranges, layer.scaling)
         torch.testing.assert_close(got.float(), want.reshape(n, -1).bfloat16().float(),
                                    atol=1e-2, rtol=1e-2)
 
@@ -122,14 +125,16 @@ def test_kernel_matches_the_torch_reference_under_the_interpreter():
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     run = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True,
                          check=False, timeout=600)
-    assert run.returncode == 0 and "decode ok" in run.stdout and "extend ok" in run.stdout \
-        and "wiring ok" in run.stdout, run.stdout + run.stderr
+    assert run.returncode == 0 and all(f"{check} {code} ok" in run.stdout
+                                       for check in ("decode", "extend", "wiring")
+                                       for code in fp8_kv.CODE_DTYPES), run.stdout + run.stderr
 
 
 if __name__ == "__main__":
     assert os.environ.get("TRITON_INTERPRET") == "1", "set TRITON_INTERPRET=1 (no GPU here)"
-    for name, lens in (("decode", None), ("extend", [3, 1, 33])):
-        check_kernel_matches_the_torch_reference(lens)
-        print(name, "ok")
-    check_backend_wiring_on_the_real_pool()
-    print("wiring ok")
+    for code in fp8_kv.CODE_DTYPES:
+        for name, lens in (("decode", None), ("extend", [3, 1, 33])):
+            check_kernel_matches_the_torch_reference(lens, code)
+            print(name, code, "ok")
+        check_backend_wiring_on_the_real_pool(code)
+        print("wiring", code, "ok")
