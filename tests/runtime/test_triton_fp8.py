@@ -2,9 +2,9 @@
 
 The kernel is checked, for e4m3 and int8 codes, against the torch reference (the CPU path's
 dequantize, softmax in fp32) for decode and for extend (causal: each new token sees its prefix
-and itself), with GQA, slots
-scattered over the pool, sequences that do and do not fill a block, and outlier-heavy K/V; and
-the backend wiring (``_attend``) on the real per-token pool, extend then decode.
+and itself), with GQA, slots scattered over the pool, sequences that do and do not fill a
+block, and outlier-heavy K/V; and the backend wiring (``_attend``) on the real per-token pool,
+extend then decode.
 
 Triton reads ``TRITON_INTERPRET`` when it is first imported, which in a test session is long
 before any test runs (SGLang imports it), so the kernel checks run in a child process that sets
