@@ -476,9 +476,20 @@ def _check_budget_params(req) -> bool:
     return problem is None
 
 
+def _check_input(req) -> bool:
+    """Abort (a 400) a request with no input token: SGLang 0.5.23's scheduler, given one alone,
+    dies in the rotary embedding (a 0-token reshape) and takes the server with it."""
+    if len(getattr(req, "origin_input_ids", None) or ()) > 0:
+        return True
+    req.set_finish_with_abort("the prompt is empty (0 tokens): send at least one token of "
+                              "text or input_ids")
+    return False
+
+
 def _attach_state(req) -> None:
-    """Give a new request its policy, or abort it with the reason (bad per-request override)."""
-    if not _check_budget_params(req):
+    """Give a new request its policy, or abort it with the reason (bad input, bad per-request
+    override)."""
+    if not (_check_input(req) and _check_budget_params(req)):
         return
     params = getattr(req.sampling_params, "custom_params", None)
     asks = bool(params) and any(k in params for k in REQUEST_KEYS.values())

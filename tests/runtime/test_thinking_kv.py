@@ -260,6 +260,19 @@ def test_bad_budget_params_are_a_400_not_a_scheduler_crash(server, params, messa
     assert ok.json()["meta_info"]["completion_tokens"] == 2  # the server serves on
 
 
+@pytest.mark.parametrize("prompt", [{"text": ""}, {"input_ids": []}])
+def test_an_empty_prompt_is_a_400_not_a_dead_server(server, prompt):
+    """SGLang 0.5.23 refuses empty input_ids, but text that tokenizes to nothing reaches the
+    scheduler, which, given it alone, dies in its rotary embedding and takes the server down
+    (found by the soak); the plugin refuses it at admission."""
+    r = requests.post(server.url + "/generate", timeout=60,
+                      json={**prompt, "sampling_params": {"max_new_tokens": 8}})
+    assert r.status_code == 400 and "empty" in r.text
+    ok = requests.post(server.url + "/generate", timeout=60,
+                       json={"text": "Hi", "sampling_params": {"max_new_tokens": 2}})
+    assert ok.json()["meta_info"]["completion_tokens"] == 2  # the server serves on
+
+
 def test_admission_reserves_a_released_requests_peak_not_its_max_new_tokens(server, work):
     """Eight budgeted requests reach an idle server in one message (one admission round).
     Stock admission charges each its prompt + max_new_tokens (230): 6 fit the 1,536-token pool.
