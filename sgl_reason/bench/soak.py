@@ -54,6 +54,11 @@ _ERROR_LINE = re.compile(r"Traceback|\bERROR\b|Exception|Error:|Fatal|[Ll]eak")
 _REFUSAL = re.compile(r"\[http_server\] Error: ")
 _RETRACTED = re.compile(r"Retract requests\. #retracted_reqs: (\d+)")
 FILLER = " The shop also sells pens, paper, glue and string, all at fixed prices."
+# A request's client timeout. The default shape overloads the pool on purpose (16 in flight,
+# room for about two long requests), so a request may queue for many minutes: a 600 s timeout
+# turned 22 of 807 requests into client timeouts in the first 1,000-request run. Latency is
+# reported instead (p50, p99, max per row); a request past this is still unaccounted.
+REQUEST_TIMEOUT_S = 1800
 
 
 class Soak:
@@ -129,6 +134,10 @@ class Soak:
         with self._lock:
             self.aborts += 1
 
+    def generate(self, body: dict) -> str:
+        return _status(requests.post(self.url + "/generate", json=body,
+                                     timeout=REQUEST_TIMEOUT_S))
+
     def stream(self, body: dict, stop_after: int | None, abort: bool,
                abort_after_s: float | None = None) -> str:
         """Stream ``body``; after ``stop_after`` chunks (or ``abort_after_s`` seconds, from a
@@ -148,7 +157,7 @@ class Soak:
     def _stream(self, body: dict, rid: str, stop_after: int | None, abort: bool) -> str:
         chunks = 0
         with requests.post(self.url + "/generate", json={**body, "stream": True}, stream=True,
-                           timeout=600) as r:
+                           timeout=REQUEST_TIMEOUT_S) as r:
             if r.status_code != 200:
                 return f"error:{r.status_code}"
             for line in r.iter_lines():
@@ -165,7 +174,13 @@ class Soak:
                     return "aborted"
         return "aborted" if abort and stop_after is not None else "answered"
 
-    def one(self, i: int, kind: str) -> tuple[str, str]:
+    def one(self, i: int, kind: str) -> tuple[str, str, float]:
+        """(kind, outcome, seconds) of request ``i``."""
+        start = time.monotonic()
+        kind, outcome = self._one(i, kind)
+        return kind, outcome, time.monotonic() - start
+
+    def _one(self, i: int, kind: str) -> tuple[str, str]:
         rng = random.Random(f"{i}-{kind}")
         policy = rng.choice(POLICIES)
         try:
@@ -173,13 +188,13 @@ class Soak:
                 body = {"text": self.prompt(self.question(rng), think=False),
                         "sampling_params": {"max_new_tokens": rng.choice((16, 64, self.long)),
                                             "temperature": 0.7}}  # long ones fill the pool
-                return kind, _status(requests.post(self.url + "/generate", json=body, timeout=600))
+                return kind, self.generate(body)
             if kind == "forced":
                 body = self.forced_body(rng, rng.randint(8, 96), rng.randint(4, 48), policy)
-                return kind, _status(requests.post(self.url + "/generate", json=body, timeout=600))
+                return kind, self.generate(body)
             if kind == "natural":
                 body = self.forced_body(rng, self.natural, 64, policy)
-                return kind, _status(requests.post(self.url + "/generate", json=body, timeout=900))
+                return kind, self.generate(body)
             if kind == "fork":
                 from sgl_reason.programs.self_consistency import self_consistency
 
@@ -205,7 +220,7 @@ class Soak:
                                          stop_after=rng.randint(2, 30), abort=False)
             if kind == "hostile":
                 name, body = rng.choice(self.hostile_bodies(rng))
-                r = requests.post(self.url + "/generate", json=body, timeout=600)
+                r = requests.post(self.url + "/generate", json=body, timeout=REQUEST_TIMEOUT_S)
                 told = 400 <= r.status_code < 500 and len(r.text) > 10
                 return f"hostile:{name}", "rejected" if told else f"accepted:{r.status_code}"
         except requests.RequestException as error:
@@ -272,8 +287,8 @@ def soak_row(row: str, extra: list[str], requests_n: int, seconds: float, concur
         kinds = random.Random(seed).choices(list(KINDS), weights=list(KINDS.values()),
                                             k=requests_n)
         started = time.monotonic()
-        outcomes: list[tuple[str, str]] = []
-        with ThreadPoolExecutor(max_workers=concurrency) as workers:
+        workers = ThreadPoolExecutor(max_workers=concurrency)
+        try:
             futures = []
             for i, kind in enumerate(kinds):
                 if time.monotonic() - started > seconds:
@@ -281,8 +296,17 @@ def soak_row(row: str, extra: list[str], requests_n: int, seconds: float, concur
                 futures.append(workers.submit(soak.one, i, kind))
                 while sum(not f.done() for f in futures) >= 2 * concurrency:
                     time.sleep(0.05)
-            outcomes = [f.result() for f in futures]
+            results = [f.result() for f in futures]
+        except BaseException:
+            # interrupted (Ctrl-C, SIGTERM): drop what has not started, and leave the with-block
+            # now, so the server stops and the requests in flight fail at once instead of
+            # holding the exit for their timeout
+            workers.shutdown(wait=False, cancel_futures=True)
+            raise
+        workers.shutdown()
         elapsed = time.monotonic() - started
+        outcomes = [(k, o) for k, o, _ in results]
+        latency = sorted(t for _, _, t in results)
         deadline = time.monotonic() + 120  # drain: aborted and disconnected requests end
         while time.monotonic() < deadline:
             load = requests.get(rt.url + "/v1/loads", timeout=10).json()["loads"][0]
@@ -315,10 +339,22 @@ def soak_row(row: str, extra: list[str], requests_n: int, seconds: float, concur
         "queued_after": load["num_running_reqs"] + load["num_waiting_reqs"],
         "server_errors": len(errors), "server_error_samples": errors[:5],
         "refusals_logged": len(refusals),
-        "unaccounted": len(unaccounted), "unaccounted_samples": unaccounted[:5],
+        "unaccounted": len(unaccounted),
+        # each distinct (kind, outcome) with its count, the hostile body's name included
+        "unaccounted_samples": dict(Counter(f"{k} -> {o[:100]}"
+                                            for k, o in unaccounted).most_common(10)),
         "serves_after": still_serves, "stray_processes": len(rt.server.group_pids()),
         "pool_tokens": pool,
+        "latency_s": {"p50": _quantile(latency, 0.5), "p99": _quantile(latency, 0.99),
+                      "max": round(latency[-1], 1) if latency else None},
     }
+
+
+def _quantile(values: list[float], q: float) -> float | None:
+    """The ``q`` quantile of sorted ``values`` (nearest rank)."""
+    if not values:
+        return None
+    return round(values[min(len(values) - 1, int(q * len(values)))], 1)
 
 
 def run(requests_n: int = 1000, seconds: float = 3600, concurrency: int = 16, pool: int = 1536,
@@ -342,11 +378,14 @@ def run(requests_n: int = 1000, seconds: float = 3600, concurrency: int = 16, po
 
 def table(report: dict) -> str:
     lines = [f"{'row':14} {'requests':>8} {'retract':>8} {'released':>9} {'aborts':>7} "
-             f"{'leaked':>7} {'errors':>7} {'unacct':>7} {'seconds':>8}"]
+             f"{'leaked':>7} {'errors':>7} {'unacct':>7} {'seconds':>8} {'p50 s':>6} "
+             f"{'p99 s':>6} {'max s':>6}"]
     for name, r in report["rows"].items():
+        lat = r["latency_s"]
         lines.append(f"{name:14} {r['requests']:>8} {r['retractions']:>8} {r['releases']:>9} "
                      f"{r['aborts']:>7} {r['leaked_slots']:>7} {r['server_errors']:>7} "
-                     f"{r['unaccounted']:>7} {r['seconds']:>8}")
+                     f"{r['unaccounted']:>7} {r['seconds']:>8} {lat['p50']!s:>6} "
+                     f"{lat['p99']!s:>6} {lat['max']!s:>6}")
     lines.append("outcomes: " + ", ".join(f"{k} {v}" for k, v in report["outcomes"].items()))
     return "\n".join(lines)
 
