@@ -150,6 +150,7 @@ class ReasonBackend(RuntimeEndpoint):
         self.recorder = CostRecorder()
         self.cancel_scope: CancelScope | None = None
         self._fixed_ids: dict[str, list[int]] = {}  # shared by scoped copies
+        self._server_info: dict = {}  # likewise: asked of the server once per backend
 
     def scoped(self) -> "ReasonBackend":
         """A copy with its own cost ledger (no new connection, no server round trip)."""
@@ -165,11 +166,16 @@ class ReasonBackend(RuntimeEndpoint):
         return clone, clone.cancel_scope
 
     # -- server facts, asked once per backend ---------------------------------------------------
-    @functools.cached_property
+    @property
     def server_info(self) -> dict:
-        res = http_request(self.base_url + "/get_server_info", api_key=self.api_key)
-        self._assert_success(res)
-        return res.json()
+        if not self._server_info:
+            try:
+                res = http_request(self.base_url + "/get_server_info", api_key=self.api_key)
+            except _CONNECTION_ERRORS as error:  # first asked mid-run, by a program
+                raise _unreachable(self.base_url, error) from error
+            self._assert_success(res)
+            self._server_info.update(res.json())
+        return self._server_info
 
     @property
     def supports_logit_processor(self) -> bool:

@@ -53,7 +53,7 @@ def test_minimum_thinking_reopens_with_wait(runtime):
 
 def test_single_mode_without_processor_names_the_flag(runtime, monkeypatch):
     backend = runtime.endpoint.scoped()
-    backend.__dict__["server_info"] = {"enable_custom_logit_processor": False}
+    backend._server_info = {"enable_custom_logit_processor": False}  # this copy only
     with pytest.raises(ValueError, match="--enable-custom-logit-processor"):
         think_then_answer(QUESTION, budget=ThinkingBudget(max_thinking_tokens=8, mode="single"),
                           backend=backend)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -128,8 +129,10 @@ def test_int8_pool_stores_int8_codes_in_the_one_byte_layout(monkeypatch):
 
 
 def test_vllm_style_kv_dtypes_select_the_per_token_pool_and_its_codes(monkeypatch):
-    monkeypatch.delenv(fp8_kv.ENV, raising=False)
-    monkeypatch.delenv(fp8_kv.CODES_ENV, raising=False)
+    # prepare() writes the environment (for the scheduler it spawns): give it a copy, so that
+    # no server this session starts later inherits a per-token pool
+    env = {k: v for k, v in os.environ.items() if k not in (fp8_kv.ENV, fp8_kv.CODES_ENV)}
+    monkeypatch.setattr(os, "environ", env)
     args = SimpleNamespace(kv_cache_dtype="int8_per_token_head")
     fp8_kv.prepare(args)
     assert args.kv_cache_dtype == "fp8_e4m3"  # SGLang's one-byte layout
