@@ -95,6 +95,8 @@ def quantize(x: torch.Tensor, fixed: float | None = None, code: str = "e4m3"
     """x [..., D] -> (codes [..., D], scale [...] in SCALE_DTYPE), one scale per row (or the
     ``fixed`` scale for every row: per-tensor scaling, values beyond the largest code x scale
     saturate). ``code``: ``e4m3`` (float8_e4m3fn codes) or ``int8`` (rounded to nearest)."""
+    if code not in CODE_DTYPES:
+        raise ValueError(f"unknown KV code {code!r}: use one of {', '.join(CODE_DTYPES)}")
     top = INT8_MAX if code == "int8" else FP8_MAX
     if fixed is None:
         amax = x.abs().amax(dim=-1).float()
@@ -104,8 +106,6 @@ def quantize(x: torch.Tensor, fixed: float | None = None, code: str = "e4m3"
     y = (x.float() / scale.float().unsqueeze(-1)).clamp_(-top, top)
     if code == "int8":
         return y.round_().to(torch.int8), scale
-    if code != "e4m3":
-        raise ValueError(f"unknown KV code {code!r}: use one of {', '.join(CODE_DTYPES)}")
     return y.to(FP8), scale
 
 

@@ -6,9 +6,9 @@ its request (an extend token sees its prefix and the new tokens up to itself: th
 is the length). Per block of ``BLOCK_N`` slots it loads the fp8 K and V bytes and their
 per-(token, head) bf16 scales, turns the bytes into fp16 with integer ops (the bit move of
 :func:`sgl_reason.runtime.fp8_kv.dequantize`, exact, no fp8 instruction needed; int8 codes are
-a bitcast and a convert), scales, and
-folds the block into an online softmax in fp32. Only the slots a query reads are touched; the
-pool is never dequantized. GQA: query head ``h`` reads KV head ``h // group``.
+a bitcast and a convert), scales, and folds the block into an online softmax in fp32. Only the
+slots a query reads are touched; the pool is never dequantized. GQA: query head ``h`` reads KV
+head ``h // group``.
 
 Wiring (:func:`install`, run by the plugin): ``TritonAttnBackend.forward_extend`` and
 ``forward_decode`` take this path when the pool is the per-token FP8 pool, after writing the
