@@ -457,8 +457,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="embedded server's model (default: reasoner)")
     b = benches.add_parser("soak", help="mixed load, aborts, disconnects and hostile input on "
                            "a small pool; every request and KV slot accounted for")
-    b.add_argument("--requests", type=int, default=1000, help="requests per row")
-    b.add_argument("--seconds", type=float, default=3600, help="stop sending after this long")
+    b.add_argument("--requests", type=int, default=1000,
+                   help="requests in all, shared evenly by the rows")
+    b.add_argument("--seconds", type=float, default=3600,
+                   help="stop sending to a row after this long")
     b.add_argument("--concurrency", type=int, default=16)
     b.add_argument("--max-total-tokens", type=int, default=1536,
                    help="the KV pool, small enough that SGLang retracts requests")

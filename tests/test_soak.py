@@ -12,7 +12,7 @@ pytestmark = pytest.mark.server
 
 
 def test_a_short_soak_accounts_for_every_request_and_slot():
-    report = run(requests_n=40, concurrency=12, pool=2048, seed=1, light=True)
+    report = run(requests_n=80, concurrency=12, pool=2048, seed=1, light=True)
     assert report["requests"] == 80
     for name, row in report["rows"].items():
         assert row["leaked_slots"] == 0, (name, row)

@@ -360,11 +360,15 @@ def _quantile(values: list[float], q: float) -> float | None:
 def run(requests_n: int = 1000, seconds: float = 3600, concurrency: int = 16, pool: int = 1536,
         seed: int = 0, rows: tuple[str, ...] = tuple(ROWS), extra_args: tuple = (),
         light: bool = False) -> dict:
-    report = {"seed": seed, "concurrency": concurrency, "pool_tokens": pool, "rows": {}}
+    """``requests_n`` requests in all, shared evenly by ``rows`` (one server each, in turn);
+    ``seconds`` bounds each row's sending."""
     for row in rows:
         if row not in ROWS:
             raise ValueError(f"unknown soak row {row!r}: {', '.join(ROWS)}")
-        report["rows"][row] = soak_row(row, [*ROWS[row], *extra_args], requests_n, seconds,
+    report = {"seed": seed, "concurrency": concurrency, "pool_tokens": pool, "rows": {}}
+    for i, row in enumerate(rows):
+        share = requests_n // len(rows) + (i < requests_n % len(rows))
+        report["rows"][row] = soak_row(row, [*ROWS[row], *extra_args], share, seconds,
                                        concurrency, pool, seed, light)
         logger.info("%s: %s", row, report["rows"][row])
     keys = ("requests", "retractions", "releases", "aborts", "leaked_slots", "server_errors",
