@@ -427,6 +427,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "probe, probe_agree3, probe_confident, confidence, consensus")
     b = benches.add_parser("fp8-kv", help="16-bit vs per-tensor vs per-token FP8 and int8 KV")
     b.add_argument("--tokens", type=int, default=2000, help="teacher-forced sequence length (about)")
+    b.add_argument("--rounds", type=int, default=5,
+                   help="decode rounds; each row's ratio is the median over rounds")
     b = benches.add_parser("thinking-kv", help="stock vs each thinking-KV policy at a fixed pool")
     b.add_argument("--requests", type=int, default=10, help="requests sent at once per row")
     b.add_argument("--max-total-tokens", type=int, default=1400, help="the KV pool, in tokens")
@@ -446,6 +448,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--step-budget", type=int, default=128, help="thinking tokens per step, at most")
     b.add_argument("--total-budget", type=int, default=None,
                    help="thinking tokens for the run; steps get a fair share of what is left")
+    b.add_argument("--agents", type=int, default=1,
+                   help="agents at once on the server, each with its own questions")
+    b.add_argument("--max-total-tokens", type=int, default=None,
+                   help="the embedded server's KV pool (default: SGLang's)")
     b.add_argument("--model", default="reasoner", type=_model_name,
                    help="embedded server's model (default: reasoner)")
     b = benches.add_parser("service", help="the gateway: n=8 vs n=1 prefill, overhead vs "

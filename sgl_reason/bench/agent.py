@@ -17,12 +17,21 @@ Figures: prefill computed and prompt tokens (the server's counts), peak KV (the 
 its prompt plus what it generated, which is what the run's last step holds), decoded tokens,
 wall time, and the answers: agreement step by step and each row's accuracy (``till``: a step is
 right when it computes ``prev + a - b`` from its own ``prev``).
+
+``--agents M`` runs M agents at once in each row, each on its own questions, as on a server that
+many users' agents share; with ``--max-total-tokens`` the pool is fixed, so what an agent carries
+competes for it: a naive agent's history that the pool cannot keep cached is prefilled again at
+its next step. Token counts are summed over the agents, peak KV is the largest request's.
 """
 
 from __future__ import annotations
 
 import logging
 import random
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 from sgl_reason.backend import ReasonBackend
 from sgl_reason.bench import publish
@@ -86,33 +95,77 @@ def _row(result, grade: dict) -> dict:
             "last_prompt_tokens": result.info["prompt_tokens"][-1], **grade}
 
 
-def run(backend: ReasonBackend, steps: int = 30, seed: int = 0, step_budget: int = 128,
-        total_budget: int | None = None, max_answer_tokens: int = 48,
-        plan_name: str = "farm") -> dict:
+@dataclass
+class AgentPlan:
+    """One agent's work: its context, its K steps, ``{prev}``'s first value, and a grader of its
+    answers."""
+    context: str
+    steps: list[str]
+    first: str
+    grade: Callable[[list], dict]
+
+
+def agent_plans(plan_name: str, steps: int, seed: int, agents: int = 1) -> list[AgentPlan]:
+    """``agents`` plans of ``steps`` steps; no two agents share a question."""
+    plans = []
     if plan_name == "farm":
-        context, step_texts, golds = farm_plan(steps, seed)
-        first, grade = "", lambda answers: {"step_accuracy": round(sum(
-            answers_match(a, g) for a, g in zip(answers, golds)) / steps, 4)}
+        context, questions, golds = farm_plan(steps * agents, seed)
+        for i in range(agents):
+            mine = slice(i * steps, (i + 1) * steps)
+            plans.append(AgentPlan(context, questions[mine], "", lambda answers, g=golds[mine]: {
+                "step_accuracy": round(sum(answers_match(a, x) for a, x in zip(answers, g))
+                                       / len(g), 4)}))
     elif plan_name == "till":
-        context, step_texts, moves, start = plan(steps, seed)
-        first, grade = str(start), lambda answers: _grade(answers, moves, start)
+        for i in range(agents):
+            context, questions, moves, start = plan(steps, seed + i)
+            plans.append(AgentPlan(context, questions, str(start),
+                                   lambda answers, m=moves, s=start: _grade(answers, m, s)))
     else:
         raise ValueError(f"unknown plan {plan_name!r}: farm or till")
-    common = dict(step_budget=step_budget, total_budget=total_budget, first=first,
+    return plans
+
+
+def _merge(rows: list[dict], seconds: float) -> dict:
+    """Agents' rows as one: token counts summed, peaks the largest, accuracy the mean."""
+    out = {k: sum(r[k] for r in rows) for k in (
+        "computed_prefill_tokens", "prompt_tokens", "decode_tokens", "thinking_tokens",
+        "answer_tokens", "requests", "kv_token_seconds", "forced_steps")}
+    out["peak_kv_tokens"] = max(r["peak_kv_tokens"] for r in rows)
+    out["last_prompt_tokens"] = max(r["last_prompt_tokens"] for r in rows)
+    out["seconds"] = round(seconds, 2)
+    for key in ("step_accuracy", "chain_correct_steps"):
+        if key in rows[0]:
+            out[key] = round(sum(r[key] for r in rows) / len(rows), 4)
+    return out
+
+
+def run(backend: ReasonBackend, steps: int = 30, seed: int = 0, step_budget: int = 128,
+        total_budget: int | None = None, max_answer_tokens: int = 48,
+        plan_name: str = "farm", agents: int = 1) -> dict:
+    """Both rows, each after a cache flush; ``agents`` agents at once share the server (their
+    token counts summed), as on a server that many users' agents share."""
+    plans = agent_plans(plan_name, steps, seed, agents)
+    common = dict(step_budget=step_budget, total_budget=total_budget,
                   max_answer_tokens=max_answer_tokens, backend=backend,
                   sampling=Sampling(temperature=0))
-    results = {}
+    results, rows = {}, {}
     for name, carry in (("steps", "answers"), ("naive", "everything")):
         backend.flush_cache()
-        results[name] = agent_steps(context, step_texts, carry=carry,
-                                    kv_policy="strip" if carry == "answers" else "keep",
-                                    **common)
-        logger.info("%s: %s", name, results[name].cost)
-    rows = {name: _row(r, grade(r.info["answers"])) for name, r in results.items()}
-    a, b = results["steps"].info["answers"], results["naive"].info["answers"]
+        started = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=agents) as pool:
+            results[name] = list(pool.map(lambda p, carry=carry: agent_steps(
+                p.context, p.steps, carry=carry, first=p.first,
+                kv_policy="strip" if carry == "answers" else "keep", **common), plans))
+        rows[name] = _merge([_row(r, p.grade(r.info["answers"]))
+                             for r, p in zip(results[name], plans)],
+                            time.perf_counter() - started)
+        logger.info("%s: %s", name, rows[name])
+    a = [x for r in results["steps"] for x in r.info["answers"]]
+    b = [x for r in results["naive"] for x in r.info["answers"]]
     s, n = rows["steps"], rows["naive"]
     return {
         "model": backend.get_model_name(), "plan": plan_name, "steps": steps, "seed": seed,
+        "agents": agents, "pool_tokens": backend.server_info.get("max_total_num_tokens"),
         "step_budget": step_budget, "total_budget": total_budget,
         "prefill_ratio_vs_naive": round(s["computed_prefill_tokens"]
                                         / n["computed_prefill_tokens"], 3),
@@ -120,10 +173,11 @@ def run(backend: ReasonBackend, steps: int = 30, seed: int = 0, step_budget: int
         "peak_kv_ratio_vs_naive": round(s["peak_kv_tokens"] / n["peak_kv_tokens"], 3),
         "decode_ratio_vs_naive": round(s["decode_tokens"] / n["decode_tokens"], 3),
         "time_ratio_vs_naive": round(s["seconds"] / n["seconds"], 3),
-        "answer_agreement": round(sum(x == y for x, y in zip(a, b)) / steps, 4),
-        "final_answers": [a[-1], b[-1]],
+        "answer_agreement": round(sum(x == y for x, y in zip(a, b)) / len(a), 4),
+        "final_answers": [[r.info["answers"][-1] for r in results[name]]
+                          for name in ("steps", "naive")],
         "rows": rows,
-        "budgets": {name: r.info["budgets"] for name, r in results.items()},
+        "budgets": {name: [r.info["budgets"] for r in rs] for name, rs in results.items()},
     }
 
 
@@ -134,7 +188,7 @@ def table(report: dict) -> str:
     for name, r in report["rows"].items():
         lines.append(f"{name:6} " + " ".join(f"{r[k]:>16}" for k in keys))
     lines.append(
-        f"{report['steps']} steps: prefill {report['prefill_ratio_vs_naive']:.3f}x naive, "
+        f"{report['agents']} x {report['steps']} steps: prefill {report['prefill_ratio_vs_naive']:.3f}x naive, "
         f"peak KV {report['peak_kv_ratio_vs_naive']:.3f}x, prompt tokens "
         f"{report['prompt_ratio_vs_naive']:.3f}x, time {report['time_ratio_vs_naive']:.3f}x; "
         f"answers agree on {report['answer_agreement']:.0%} of steps")
@@ -147,10 +201,11 @@ def main(args) -> int:
     if args.url:
         conn = connect(args.url)
     else:
+        pool = ["--max-total-tokens", str(args.max_total_tokens)] if args.max_total_tokens else []
         conn = connect(model=args.model,
-                       extra_args=["--thinking-kv-policy", "keep", *args.server_arg])
+                       extra_args=["--thinking-kv-policy", "keep", *pool, *args.server_arg])
     with conn as backend:
         report = run(backend, steps=args.steps, seed=args.seed, step_budget=args.step_budget,
-                     total_budget=args.total_budget, plan_name=args.plan)
+                     total_budget=args.total_budget, plan_name=args.plan, agents=args.agents)
     publish(report, table(report), args.json)
     return 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import sgl_reason
-from sgl_reason.bench.agent import _grade, plan
+from sgl_reason.bench.agent import _grade, _merge, agent_plans, plan, run
 from sgl_reason.programs.agent import agent_steps, step_budgets
 
 
@@ -31,6 +31,35 @@ def test_the_bench_grades_each_step_from_its_own_previous_answer():
     assert _grade(["105", "124"], moves, 100) == {"step_accuracy": 1.0, "chain_correct_steps": 2}
     # a wrong first step: the second is still right from it, the chain is not
     assert _grade(["104", "123"], moves, 100) == {"step_accuracy": 0.5, "chain_correct_steps": 0}
+
+
+def test_agents_get_their_own_questions_and_their_counts_are_summed():
+    farm = agent_plans("farm", 3, seed=0, agents=2)
+    assert farm[0].steps[:3] == agent_plans("farm", 3, seed=0)[0].steps  # one agent: unchanged
+    assert not set(farm[0].steps) & set(farm[1].steps)
+    till = agent_plans("till", 3, seed=0, agents=2)
+    assert till[0].first != till[1].first or till[0].steps != till[1].steps
+    with pytest.raises(ValueError, match="farm or till"):
+        agent_plans("shop", 3, 0)
+    row = dict(computed_prefill_tokens=10, prompt_tokens=20, decode_tokens=5, thinking_tokens=3,
+               answer_tokens=2, requests=3, kv_token_seconds=7, forced_steps=1,
+               peak_kv_tokens=40, last_prompt_tokens=30, step_accuracy=0.5)
+    merged = _merge([row, {**row, "peak_kv_tokens": 90, "step_accuracy": 1.0}], seconds=4.0)
+    assert merged["computed_prefill_tokens"] == 20 and merged["requests"] == 6
+    assert merged["peak_kv_tokens"] == 90 and merged["step_accuracy"] == 0.75
+
+
+@pytest.mark.server
+def test_agents_at_once_keep_their_own_ledgers(reasoner):
+    report = run(reasoner.endpoint, steps=2, step_budget=16, max_answer_tokens=16, agents=2,
+                 plan_name="till")
+    assert report["agents"] == 2 and report["pool_tokens"] > 0
+    for row in report["rows"].values():
+        assert row["requests"] >= 4  # two agents, two steps, at least a request each
+    assert len(report["final_answers"][0]) == 2
+    # the naive agents' second prompts carry their first step's thinking
+    assert report["rows"]["naive"]["prompt_tokens"] > report["rows"]["steps"]["prompt_tokens"]
+    assert 0 <= report["answer_agreement"] <= 1
 
 
 @pytest.mark.server
