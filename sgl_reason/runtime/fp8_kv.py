@@ -26,6 +26,14 @@ plugin's CPU attention; and SGLang's Triton backend (GPU) through the kernel in
 :mod:`sgl_reason.runtime.triton_fp8`, which dequantizes inside the kernel (tested under the
 Triton interpreter on CPU, not yet run on a GPU), with CUDA graphs off. Anything else fails at
 launch with the list of what is supported.
+
+Scales travel with codes wherever the pool's rows move: slot moves (``move_kv_cache``) and
+SGLang's host copy of a request's KV (``get_cpu_copy``/``load_cpu_copy``). The scales are kept
+beside SGLang's KV-quantization interface (``KVCacheQuantMethodBase``), not in it: in 0.5.23 that
+interface serves packed FP4 recipes, and its copy paths move ``k_buffer``/``v_buffer`` only. So
+the paths that would move codes without scales are refused at launch: hierarchical cache (its
+host pool), PD disaggregation (KV transfer, and the decode side's retraction backup: the only
+user of the host copy in 0.5.23), and a per-phase attention backend other than the one above.
 """
 
 from __future__ import annotations
@@ -213,6 +221,30 @@ def pool_class():
             self.token_k_scale[i][loc] = sk
             self.token_v_scale[i][loc] = sv
 
+        def get_cpu_copy(self, indices, mamba_indices=None, req_pool_index=None):
+            """SGLang's host copy of a request's KV (codes), with each chunk's scales."""
+            copy = super().get_cpu_copy(indices, mamba_indices, req_pool_index)
+            chunk = self.cpu_offloading_chunk_size
+            for layer, chunks in enumerate(copy):
+                for i, pair in enumerate(chunks):
+                    rows = indices[i * chunk:(i + 1) * chunk]
+                    pair.extend([self.token_k_scale[layer][rows].cpu(),
+                                 self.token_v_scale[layer][rows].cpu()])
+            return copy
+
+        def load_cpu_copy(self, kv_cache_cpu, indices, mamba_indices=None,
+                          req_pool_index=None):
+            super().load_cpu_copy(kv_cache_cpu, indices, mamba_indices, req_pool_index)
+            chunk = self.cpu_offloading_chunk_size
+            for layer, chunks in enumerate(kv_cache_cpu):
+                for i, pair in enumerate(chunks):
+                    if len(pair) != 4:
+                        raise RuntimeError("a host copy of per-token KV without its scales: "
+                                           "it was not made by this pool's get_cpu_copy")
+                    rows = indices[i * chunk:(i + 1) * chunk]
+                    self.token_k_scale[layer][rows] = pair[2].to(self.device)
+                    self.token_v_scale[layer][rows] = pair[3].to(self.device)
+
         def move_kv_cache(self, tgt_loc, src_loc):
             super().move_kv_cache(tgt_loc, src_loc)
             for ks, vs in zip(self.token_k_scale, self.token_v_scale):
@@ -265,14 +297,25 @@ def validate(server_args) -> None:
     backend = server_args.attention_backend
     if backend not in SUPPORTED["attention_backend"]:
         problems.append(f"--attention-backend {backend}")
+    for phase in ("prefill", "decode"):  # a per-phase backend overrides --attention-backend
+        chosen = getattr(server_args, f"{phase}_attention_backend", None)
+        if chosen not in (None, backend):
+            problems.append(f"--{phase}-attention-backend {chosen}")
     if backend == "triton" and not server_args.disable_cuda_graph:
         problems.append("CUDA graphs (add --disable-cuda-graph)")
+    # paths that copy the pool's K/V buffers without the scales beside them
+    if getattr(server_args, "enable_hierarchical_cache", False):
+        problems.append("--enable-hierarchical-cache (its host pool copies codes, not scales)")
+    if getattr(server_args, "disaggregation_mode", "null") not in ("null", None):
+        problems.append(f"--disaggregation-mode {server_args.disaggregation_mode} (PD "
+                        "transfer and the decode side's retraction backup move codes, not "
+                        "scales)")
     if problems:
         raise ValueError(
             f"--kv-scale per-token does not support {', '.join(problems)}. Supported: "
             "--kv-cache-dtype fp8_e4m3 with --attention-backend torch_native (CPU) or "
-            "--attention-backend triton --disable-cuda-graph (GPU); elsewhere use --kv-scale "
-            "per-tensor."
+            "--attention-backend triton --disable-cuda-graph (GPU), on one server without "
+            "hierarchical cache; elsewhere use --kv-scale per-tensor."
         )
 
 

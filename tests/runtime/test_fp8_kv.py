@@ -159,6 +159,53 @@ def test_unsupported_combination_lists_what_is_supported(monkeypatch):
                                     disable_cuda_graph=True))
 
 
+@pytest.mark.parametrize("flag, value, message", [
+    ("enable_hierarchical_cache", True, "--enable-hierarchical-cache"),
+    ("disaggregation_mode", "decode", "--disaggregation-mode decode"),
+    ("disaggregation_mode", "prefill", "--disaggregation-mode prefill"),
+    ("decode_attention_backend", "flashinfer", "--decode-attention-backend flashinfer"),
+    ("prefill_attention_backend", "fa3", "--prefill-attention-backend fa3"),
+])
+def test_paths_that_would_move_codes_without_scales_are_refused(monkeypatch, flag, value,
+                                                                 message):
+    monkeypatch.setenv(fp8_kv.ENV, "per-token")
+    args = SimpleNamespace(kv_cache_dtype="fp8_e4m3", attention_backend="torch_native",
+                           disable_cuda_graph=False, **{flag: value})
+    with pytest.raises(ValueError, match=f"does not support {message}.*Supported:"):
+        fp8_kv.validate(args)
+    # the same phase backend as --attention-backend is no override
+    fp8_kv.validate(SimpleNamespace(kv_cache_dtype="fp8_e4m3", attention_backend="torch_native",
+                                    disable_cuda_graph=False,
+                                    decode_attention_backend="torch_native"))
+
+
+@pytest.mark.parametrize("code", ["e4m3", "int8"])
+def test_the_host_copy_of_a_requests_kv_carries_its_scales(monkeypatch, code):
+    monkeypatch.setenv(fp8_kv.ENV, "per-token")
+    monkeypatch.setenv(fp8_kv.CODES_ENV, code)
+    heads, dim, layers = 2, 16, 2
+    pool = fp8_kv.pool_class()(size=64, page_size=1, dtype=torch.float8_e4m3fn, head_num=heads,
+                               head_dim=dim, layer_num=layers, device="cpu",
+                               enable_memory_saver=False)
+    pool.cpu_offloading_chunk_size = 3  # several chunks per layer
+    rows = torch.tensor([5, 9, 10, 11, 30, 31, 40])
+    k = torch.randn(len(rows), heads, dim) * torch.logspace(-2, 2, len(rows))[:, None, None]
+    for layer in range(layers):
+        pool.set_kv_buffer(SimpleNamespace(layer_id=layer), rows, k * (layer + 1), -k)
+    before = [(pool.get_key_buffer(i).rows(rows), pool.get_value_buffer(i).rows(rows))
+              for i in range(layers)]
+    copy = pool.get_cpu_copy(rows)
+    for layer in range(layers):  # the slots are reused by another request meanwhile
+        pool.set_kv_buffer(SimpleNamespace(layer_id=layer), rows, torch.randn_like(k),
+                           torch.randn_like(k))
+    pool.load_cpu_copy(copy, rows)
+    for i, (key, value) in enumerate(before):
+        assert torch.equal(pool.get_key_buffer(i).rows(rows), key)
+        assert torch.equal(pool.get_value_buffer(i).rows(rows), value)
+    with pytest.raises(RuntimeError, match="without its scales"):
+        pool.load_cpu_copy([[pair[:2] for pair in chunks] for chunks in copy], rows)
+
+
 @pytest.mark.server
 def test_per_token_server_generates_and_refuses_bad_flags():
     from sgl_reason import EmbeddedRuntime, ServerStartError
