@@ -429,6 +429,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--tokens", type=int, default=2000, help="teacher-forced sequence length (about)")
     b.add_argument("--rounds", type=int, default=5,
                    help="decode rounds; each row's ratio is the median over rounds")
+    b.add_argument("--model", default="reasoner", type=_model_name,
+                   help="every row's model (default: reasoner)")
     b = benches.add_parser("thinking-kv", help="stock vs each thinking-KV policy at a fixed pool")
     b.add_argument("--requests", type=int, default=10, help="requests sent at once per row")
     b.add_argument("--max-total-tokens", type=int, default=1400, help="the KV pool, in tokens")

@@ -1,6 +1,7 @@
 """``sgl-reason bench fp8-kv``: 16-bit KV vs per-tensor FP8 vs per-token FP8, in one run.
 
-Rows (each its own embedded server, same model, same requests):
+Rows (each its own embedded server, same model, same requests; the tiny reasoner by default,
+``--model smollm2`` for the non-reasoning baseline):
 
 - ``bf16``: 16-bit KV (the default);
 - ``per_tensor``: FP8 with one scale of 1.0 for everything, SGLang's uncalibrated default;
@@ -13,8 +14,9 @@ Rows (each its own embedded server, same model, same requests):
 SGLang's own FP8 KV on CPU needs AMX kernels this machine lacks, so the two per-tensor rows are
 emulated inside sgl-reason's pool with fixed scales (same arithmetic: divide, cast, multiply).
 
-Quality is measured against ``bf16`` on a long teacher-forced sequence (mean KL of next-token
-distributions over the reference's top-20, renormalized; top-1 agreement) and as greedy
+Quality is measured against ``bf16`` on two long teacher-forced texts, GSM8K worked answers and
+a chat of the reasoner's own traces (mean KL of next-token distributions over the reference's
+top-20, renormalized; top-1 agreement; a row's headline is its worse text), and as greedy
 agreement over several prompts. Throughput: batch-8 decode tokens/s as a ratio to ``bf16``, the
 servers up together and taking turns; each round's ratio against ``bf16``'s in the same round,
 reported as the median over rounds with its spread.
@@ -147,18 +149,44 @@ def decode_ratios(servers: dict[str, EmbeddedRuntime], context: str, rounds: int
     return out
 
 
-def quality(rt: EmbeddedRuntime, text: str) -> dict:
-    return {"_logprobs": top_logprobs(rt, text),
+def traces_text(path: Path, tokens: int) -> str:
+    """A chat of the tiny reasoner's own traces (thinking, marker, answer), about ``tokens`` long:
+    seeds from 9,000,000, never trained on, never held out."""
+    import random
+
+    from transformers import AutoTokenizer
+
+    from sgl_reason.reasoner.traces import FAMILIES, make_traces
+
+    tok = AutoTokenizer.from_pretrained(path)
+    traces = make_traces({f: 12 for f in FAMILIES}, seed=9_000_000)
+    random.Random(0).shuffle(traces)
+    turns, n = [], 0
+    for trace in traces:
+        turns += [{"role": "user", "content": trace.question},
+                  {"role": "assistant", "content": trace.completion}]
+        n += len(tok(trace.question + trace.completion).input_ids)
+        if n >= tokens:
+            break
+    return tok.apply_chat_template(turns, tokenize=False)
+
+
+def quality(rt: EmbeddedRuntime, texts: dict[str, str]) -> dict:
+    return {"_logprobs": {name: top_logprobs(rt, text) for name, text in texts.items()},
             "_greedy": [rt.generate(chat(p), max_new_tokens=48, temperature=0)["text"]
                         for p in PROMPTS]}
 
 
-def run(tokens: int = 2000, budget_gib: float = 1.0, rounds: int = 5) -> dict:
-    path = model.default_model_path()
+def run(tokens: int = 2000, budget_gib: float = 1.0, rounds: int = 5,
+        model_name: str = "reasoner") -> dict:
+    """Every row on ``model_name``; quality over two teacher-forced texts of about ``tokens``
+    tokens each (GSM8K worked answers, the reasoner's own traces), the worst of the two as the
+    row's ``kl`` and ``top1_agreement``."""
+    path = model.model_path(model_name)
     config = json.loads((path / "config.json").read_text())
     info = {"layers": config["num_hidden_layers"], "kv_heads": config["num_key_value_heads"],
             "head_dim": config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]}
-    text = gsm8k_text(0, tokens)
+    texts = {"gsm8k": gsm8k_text(0, tokens), "reasoner_traces": traces_text(path, tokens)}
     context = gsm8k_text(200, 400)
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         scales = Path(tmp) / "scales.json"
@@ -174,21 +202,28 @@ def run(tokens: int = 2000, budget_gib: float = 1.0, rounds: int = 5) -> dict:
         # all five up at once (an idle server takes no CPU here), so decode speed is measured
         # in turns rather than minutes apart
         servers = {name: stack.enter_context(EmbeddedRuntime(
-            extra_args=[*extra, "--max-total-tokens", str(POOL_TOKENS)], env=env))
-            for name, (env, extra) in configs.items()}
-        rows = {name: quality(rt, text) for name, rt in servers.items()}
+            model=model_name, extra_args=[*extra, "--max-total-tokens", str(POOL_TOKENS)],
+            env=env)) for name, (env, extra) in configs.items()}
+        rows = {name: quality(rt, texts) for name, rt in servers.items()}
         for name, speed in decode_ratios(servers, context, rounds).items():
             rows[name].update(speed)
     ref = rows["bf16"]
-    report = {"model": str(path), "teacher_forced_tokens": len(ref["_logprobs"]),
-              "memory_budget_gib": budget_gib}
+    context_tokens = {name: len(lp) for name, lp in ref["_logprobs"].items()}
+    report = {"model": str(path), "model_name": model_name, "context_tokens": context_tokens,
+              "teacher_forced_tokens": min(context_tokens.values()),
+              "memory_budget_gib": budget_gib, "decode_rounds": rounds}
     for name, row in rows.items():
         fp8_row = name != "bf16"
         b = bytes_per_token(info, fp8_row)
         row["bytes_per_token"] = b
         row["tokens_in_budget"] = int(budget_gib * 2**30 // b)
         if fp8_row:
-            row["kl"], row["top1_agreement"] = (round(x, 6) for x in kl_and_top1(ref["_logprobs"], row["_logprobs"]))
+            row["by_text"] = {}
+            for text in texts:
+                kl, top1 = kl_and_top1(ref["_logprobs"][text], row["_logprobs"][text])
+                row["by_text"][text] = {"kl": round(kl, 6), "top1_agreement": round(top1, 4)}
+            row["kl"] = max(x["kl"] for x in row["by_text"].values())
+            row["top1_agreement"] = min(x["top1_agreement"] for x in row["by_text"].values())
             row["greedy_agreement"] = sum(a == g for a, g in zip(row["_greedy"], ref["_greedy"])) / len(PROMPTS)
     for row in rows.values():
         row.pop("_logprobs"), row.pop("_greedy")
@@ -196,7 +231,7 @@ def run(tokens: int = 2000, budget_gib: float = 1.0, rounds: int = 5) -> dict:
     report["bytes_per_token_ratio_vs_16bit"] = round(rows["per_token"]["bytes_per_token"] / ref["bytes_per_token"], 4)
     report["schemes"] = {name: {
         "bytes_ratio_vs_16bit": round(row["bytes_per_token"] / ref["bytes_per_token"], 4),
-        "kl": row["kl"], "top1_agreement": row["top1_agreement"],
+        "kl": row["kl"], "top1_agreement": row["top1_agreement"], "by_text": row["by_text"],
         "decode_ratio": row["decode_ratio"], "decode_ratio_spread": row["decode_ratio_spread"],
         "context_tokens": report["teacher_forced_tokens"]}
         for name, row in rows.items() if name != "bf16"}
@@ -204,18 +239,26 @@ def run(tokens: int = 2000, budget_gib: float = 1.0, rounds: int = 5) -> dict:
 
 
 def table(r: dict) -> str:
-    lines = [f"{'row':24} {'B/token':>8} {'tokens/GiB':>11} {'KL':>10} {'top-1':>7} {'greedy':>7} {'decode x':>9} {'spread':>7}"]
+    texts = list(r["context_tokens"])
+    lines = [f"{'row':22} {'B/token':>8} {'tokens/GiB':>11} "
+             + " ".join(f"{t[:9] + ' KL':>12} {t[:9] + ' top1':>14}" for t in texts)
+             + f" {'greedy':>7} {'decode x':>9} {'spread':>7}"]
     for name in ("bf16", "per_tensor", "per_tensor_calibrated", "per_token", "int8_per_token"):
         x = r[name]
-        lines.append(f"{name:24} {x['bytes_per_token']:>8} {x['tokens_in_budget']:>11} "
-                     f"{x.get('kl', 0):>10.5f} {x.get('top1_agreement', 1):>7.3f} "
-                     f"{x.get('greedy_agreement', 1):>7.2f} {x['decode_ratio']:>9.3f} {x['decode_ratio_spread']:>7.3f}")
-    lines.append(f"bytes per token, per-token FP8 vs 16-bit: {r['bytes_per_token_ratio_vs_16bit']}; "
-                 f"teacher-forced positions: {r['teacher_forced_tokens']}")
+        by_text = x.get("by_text", {t: {"kl": 0.0, "top1_agreement": 1.0} for t in texts})
+        lines.append(f"{name:22} {x['bytes_per_token']:>8} {x['tokens_in_budget']:>11} "
+                     + " ".join(f"{by_text[t]['kl']:>12.5f} {by_text[t]['top1_agreement']:>14.4f}"
+                                for t in texts)
+                     + f" {x.get('greedy_agreement', 1):>7.2f} {x['decode_ratio']:>9.3f} "
+                     f"{x['decode_ratio_spread']:>7.3f}")
+    lines.append(f"model {r['model_name']}; bytes per token, per-token vs 16-bit: "
+                 f"{r['bytes_per_token_ratio_vs_16bit']}; teacher-forced positions: "
+                 + ", ".join(f"{t} {n}" for t, n in r["context_tokens"].items())
+                 + f"; decode: median of {r['decode_rounds']} rounds")
     return "\n".join(lines)
 
 
 def main(args) -> int:
-    report = run(tokens=args.tokens, rounds=args.rounds)
+    report = run(tokens=args.tokens, rounds=args.rounds, model_name=args.model)
     publish(report, table(report), args.json)
     return 0
