@@ -144,6 +144,8 @@ def run(backend: ReasonBackend, steps: int = 30, seed: int = 0, step_budget: int
         plan_name: str = "farm", agents: int = 1) -> dict:
     """Both rows, each after a cache flush; ``agents`` agents at once share the server (their
     token counts summed), as on a server that many users' agents share."""
+    if agents < 1:
+        raise ValueError(f"agents must be at least 1, got {agents}")
     plans = agent_plans(plan_name, steps, seed, agents)
     common = dict(step_budget=step_budget, total_budget=total_budget,
                   max_answer_tokens=max_answer_tokens, backend=backend,
@@ -188,7 +190,8 @@ def table(report: dict) -> str:
     for name, r in report["rows"].items():
         lines.append(f"{name:6} " + " ".join(f"{r[k]:>16}" for k in keys))
     lines.append(
-        f"{report['agents']} x {report['steps']} steps: prefill {report['prefill_ratio_vs_naive']:.3f}x naive, "
+        f"{report['agents']} x {report['steps']} steps: prefill "
+        f"{report['prefill_ratio_vs_naive']:.3f}x naive, "
         f"peak KV {report['peak_kv_ratio_vs_naive']:.3f}x, prompt tokens "
         f"{report['prompt_ratio_vs_naive']:.3f}x, time {report['time_ratio_vs_naive']:.3f}x; "
         f"answers agree on {report['answer_agreement']:.0%} of steps")

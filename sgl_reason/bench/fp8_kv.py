@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import random
 import statistics
 import tempfile
 import time
@@ -152,8 +153,6 @@ def decode_ratios(servers: dict[str, EmbeddedRuntime], context: str, rounds: int
 def traces_text(path: Path, tokens: int) -> str:
     """A chat of the tiny reasoner's own traces (thinking, marker, answer), about ``tokens`` long:
     seeds from 9,000,000, never trained on, never held out."""
-    import random
-
     from transformers import AutoTokenizer
 
     from sgl_reason.reasoner.traces import FAMILIES, make_traces
