@@ -29,14 +29,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.models.llama import modeling_llama
 
 from sgl_reason import model
-from sgl_reason.bench.fp8_kv import gsm8k_text
+from sgl_reason.bench.fp8_kv import gsm8k_text, traces_text
 from sgl_reason.runtime import fp8_kv
 
 INT8_MAX = 127.0
@@ -124,21 +123,6 @@ class Store:
         return out.to(query.dtype).transpose(1, 2).contiguous(), None
 
 
-def reasoner_text(tok, tokens: int) -> str:
-    from sgl_reason.reasoner.traces import FAMILIES, make_traces
-
-    traces = make_traces({f: 12 for f in FAMILIES}, seed=9_000_000)
-    random.Random(0).shuffle(traces)
-    turns, n = [], 0
-    for tr in traces:
-        turns.append({"role": "user", "content": tr.question})
-        turns.append({"role": "assistant", "content": tr.completion})
-        n += len(tok(tr.question + tr.completion).input_ids)
-        if n >= tokens:
-            break
-    return tok.apply_chat_template(turns, tokenize=False)
-
-
 def compare(ref: torch.Tensor, out: torch.Tensor) -> dict:
     lp, lq = torch.log_softmax(ref, -1), torch.log_softmax(out, -1)
     kl = (lp.exp() * (lp - lq)).sum(-1)
@@ -169,7 +153,7 @@ def main() -> None:
         return tok(text, return_tensors="pt").input_ids[:, :args.tokens]
 
     texts = {"gsm8k": ids(gsm8k_text(1000, args.tokens + 500)),
-             "reasoner_traces": ids(reasoner_text(tok, args.tokens + 200))}
+             "reasoner_traces": ids(traces_text(path, args.tokens + 200))}
 
     def logits(tokens):
         with torch.no_grad():

@@ -32,8 +32,9 @@ SGLang's host copy of a request's KV (``get_cpu_copy``/``load_cpu_copy``). The s
 beside SGLang's KV-quantization interface (``KVCacheQuantMethodBase``), not in it: in 0.5.23 that
 interface serves packed FP4 recipes, and its copy paths move ``k_buffer``/``v_buffer`` only. So
 the paths that would move codes without scales are refused at launch: hierarchical cache (its
-host pool), PD disaggregation (KV transfer, and the decode side's retraction backup: the only
-user of the host copy in 0.5.23), and a per-phase attention backend other than the one above.
+host pool), PD disaggregation (its KV transfer registers the code buffers only), and a per-phase
+attention backend other than the one above. (The host copy's only user in 0.5.23 is the PD
+decode side's retraction backup, so inside the supported set nothing reaches it yet.)
 """
 
 from __future__ import annotations
@@ -307,9 +308,8 @@ def validate(server_args) -> None:
     if getattr(server_args, "enable_hierarchical_cache", False):
         problems.append("--enable-hierarchical-cache (its host pool copies codes, not scales)")
     if getattr(server_args, "disaggregation_mode", "null") not in ("null", None):
-        problems.append(f"--disaggregation-mode {server_args.disaggregation_mode} (PD "
-                        "transfer and the decode side's retraction backup move codes, not "
-                        "scales)")
+        problems.append(f"--disaggregation-mode {server_args.disaggregation_mode} (its KV "
+                        "transfer moves codes, not scales)")
     if problems:
         raise ValueError(
             f"--kv-scale per-token does not support {', '.join(problems)}. Supported: "

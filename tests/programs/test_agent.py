@@ -55,11 +55,12 @@ def test_agents_at_once_keep_their_own_ledgers(reasoner):
                  plan_name="till")
     assert report["agents"] == 2 and report["pool_tokens"] > 0
     for row in report["rows"].values():
-        assert row["requests"] >= 4  # two agents, two steps, at least a request each
+        # one request a step (the close is forced inside it): a ledger that also counted the
+        # other agent's requests would sum to more than 2 agents x 2 steps
+        assert row["requests"] == 4
     assert len(report["final_answers"][0]) == 2
     # the naive agents' second prompts carry their first step's thinking
     assert report["rows"]["naive"]["prompt_tokens"] > report["rows"]["steps"]["prompt_tokens"]
-    assert 0 <= report["answer_agreement"] <= 1
 
 
 @pytest.mark.server
