@@ -413,18 +413,34 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--prompt-tokens", type=int, default=2000)
     b.add_argument("--new-tokens", type=int, default=32)
     b = benches.add_parser("early-stop", help="tokens saved and answers kept by each signal")
-    b.add_argument("--dataset", default="basic_arithmetic", help="a reasoning-gym dataset")
-    b.add_argument("--limit", type=int, default=50, help="problems")
+    b.add_argument("--model", default="reasoner", type=_model_name,
+                   help="embedded server's model (default: reasoner)")
+    b.add_argument("--data", default=None, metavar="FILE.jsonl",
+                   help="graded problems (question, answer, family); default: --dataset")
+    b.add_argument("--families", type=_names, default=None, metavar="NAME[,NAME]",
+                   help="with --data: only these families")
+    b.add_argument("--dataset", type=_names, default=("chain_sum", "basic_arithmetic", "leg_counting"),
+                   metavar="NAME[,NAME]", help="reasoning-gym families (the reasoner's get its "
+                   "config); default: chain_sum,basic_arithmetic,leg_counting")
+    b.add_argument("--limit", type=int, default=50, help="problems per family")
     b.add_argument("--seed", type=int, default=0,
                    help="reasoning-gym seed; item i is drawn from seed + i, so sets whose seeds "
                    "are less than --limit apart share problems (use e.g. 0, 1000, 2000)")
-    b.add_argument("--budget", type=int, default=96, help="thinking budget in tokens")
-    b.add_argument("--chunk", type=int, default=16, help="tokens per checked chunk")
-    b.add_argument("--concurrency", type=int, default=1,
+    b.add_argument("--budget", type=int, default=1536,
+                   help="thinking budget in tokens (default: one the reasoner never reaches)")
+    b.add_argument("--answer-tokens", type=int, default=192, help="answer tokens at most")
+    b.add_argument("--chunk", type=int, default=16,
+                   help="tokens per checked chunk (Dynasor probes every 32 tokens of traces "
+                   "~10x longer than the reasoner's)")
+    b.add_argument("--n", type=int, default=8, help="consensus row: samples of full voting")
+    b.add_argument("--sc-limit", type=int, default=10,
+                   help="consensus row: the first K problems of each family")
+    b.add_argument("--concurrency", type=int, default=8,
                    help="problems in flight (1: bit-reproducible rows, see docs/benchmarks.md)")
     b.add_argument("--rows", type=_rows, default=None, metavar="NAME[,NAME]",
-                   help="run only these rows besides full (default: all): half_budget, entropy, "
-                   "probe, probe_agree3, probe_confident, confidence, consensus")
+                   help="run only these rows besides full (default: all but full_repeat): "
+                   "half_budget, entropy, probe, probe_agree3, probe_confident, probe_cue, "
+                   "confidence, full_repeat, consensus")
     b = benches.add_parser("fp8-kv", help="16-bit vs per-tensor vs per-token FP8 and int8 KV")
     b.add_argument("--tokens", type=int, default=2000, help="teacher-forced sequence length (about)")
     b.add_argument("--rounds", type=int, default=5,

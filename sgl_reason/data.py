@@ -89,6 +89,11 @@ def load_reasoning_gym(spec: str) -> list[Problem]:
                                                seed=options.get("seed", 0))
     except Exception as error:  # noqa: BLE001  (reasoning-gym raises plain errors)
         raise DataError(f"reasoning-gym has no usable dataset {name!r}: {error}") from None
+    return gym_problems(name, dataset)
+
+
+def gym_problems(name: str, dataset) -> list[Problem]:
+    """The problems of a reasoning-gym dataset object, graded by its own ``score_answer``."""
     problems = []
     for i in range(len(dataset)):
         entry = dataset[i]

@@ -47,6 +47,9 @@ class ModelProfile(BaseModel):
     wait_text: str = "\nWait,"
     # A short prompt that makes the model state its current answer (probes, fallbacks).
     answer_probe: str = "\n\nThe final answer is"
+    # Words with which the model turns from working a result out to checking it: where a
+    # probe with ``probe_cues`` asks for the answer (DEER's transition points).
+    transition_cues: tuple[str, ...] = ("Wait", "Alternatively", "Hmm")
     sampling: Sampling = Sampling()
 
     @property
@@ -88,7 +91,8 @@ PROMPTED = ModelProfile(
 REASONER = ModelProfile(
     name="reasoner", match=("sgl-reason-reasoner",), native_thinking=True,
     think_start="<think>\n", think_end="\n</think>\n", end_token="</think>", answer_format="",
-    answer_probe="The answer is", sampling=Sampling(temperature=0.7, top_p=0.95),
+    answer_probe="The answer is", transition_cues=("Check", "Wait"),
+    sampling=Sampling(temperature=0.7, top_p=0.95),
 )
 
 PROFILES: dict[str, ModelProfile] = {

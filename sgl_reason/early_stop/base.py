@@ -28,13 +28,21 @@ class EarlyStop(BaseModel):
     top_k: int = Field(5, ge=2, le=20)  # top logprobs per token, for entropy and confidence
     probe_tokens: int = Field(16, ge=1)  # probe: tokens a probe may generate
     probe_stop: tuple[str, ...] = ("\n",)  # probe: the answer is read up to these strings
-    probe_agree: int = Field(2, ge=2)  # probe: consecutive equal probe answers needed
+    probe_agree: int = Field(2, ge=1)  # probe: consecutive equal probe answers needed
+    # probe: probe only after a chunk whose text (with the end of the one before) contains one
+    # of these strings, the model's own transition words (DEER); empty: after every chunk
+    probe_cues: tuple[str, ...] = ()
     # probe: a probe's answer counts only if its tokens' geometric-mean probability is >= this
     probe_confidence: float = Field(0.0, ge=0.0, lt=1.0)
     answer_from_probe: bool = True  # probe: the settled probe is the answer (no answer request)
     batch: int = Field(4, ge=2)  # consensus: samples per window
     confidence_level: float = Field(0.95, gt=0.5, lt=1.0)  # consensus: Beta posterior mass
     min_tokens: int = Field(0, ge=0)  # never stop before this many thinking tokens
+    # confidence in self_consistency (DeepConf online): the first ``warmup`` traces are drawn
+    # whole, and the threshold becomes the confidence that keeps their top ``keep_top``
+    # fraction (DeepConf-low: 0.1, DeepConf-high: 0.9); 0: the fixed ``threshold``
+    warmup: int = Field(0, ge=0)
+    keep_top: float = Field(0.9, gt=0.0, le=1.0)
 
     @field_validator("signal")
     @classmethod
@@ -42,12 +50,25 @@ class EarlyStop(BaseModel):
         get_signal(name)  # raises, listing the registered signals
         return name
 
+    @field_validator("probe_cues", mode="before")
+    @classmethod
+    def _cue_list(cls, cues):
+        """``"Check,Wait"`` (a command-line option) is the cues ``("Check", "Wait")``."""
+        return tuple(c.strip() for c in cues.split(",")) if isinstance(cues, str) else cues
+
     @model_validator(mode="after")
     def _ranges(self) -> "EarlyStop":
         t = self.threshold
         if t is not None and (not math.isfinite(t) or t < 0 or (self.signal == "confidence" and t == 0)):
             raise ValueError(f"threshold {t} is out of range for {self.signal!r}: use a finite "
                              "value >= 0 (entropy, in nats) or > 0 (confidence)")
+        if self.probe_agree == 1 and self.probe_confidence == 0 and self.signal == "probe":
+            raise ValueError("probe_agree=1 stops at the first probe that states any answer: "
+                             "set probe_confidence > 0 (stop on one confident probe, as DEER "
+                             "does) or probe_agree >= 2")
+        if any(not cue for cue in self.probe_cues):
+            raise ValueError("probe_cues must be non-empty strings (the model's transition "
+                             "words, e.g. 'Wait'), or () to probe after every chunk")
         return self
 
     @property
@@ -89,7 +110,9 @@ class Chunk:
     tokens_so_far: int  # trace tokens including this chunk
     logprobs: list[float] = field(default_factory=list)  # chosen tokens
     top_logprobs: list[list[float]] = field(default_factory=list)  # per token, top-k
-    probe: Callable[[], Probe] | None = None  # forks a probe off the trace and reads it
+    # forks a probe off the trace and reads it; ``probe(drop)`` reads it from the trace
+    # without its last ``drop`` characters (a probe at a cue the chunk ran past)
+    probe: Callable[..., Probe] | None = None
 
 
 @dataclass(frozen=True)

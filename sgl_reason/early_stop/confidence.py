@@ -5,6 +5,10 @@ distribution is peaked). Group confidence = mean token confidence over a sliding
 A trace whose group confidence falls under ``threshold`` is stopped and dropped (a trace that
 ended by itself is dropped by the same rule; one shorter than a window is judged on its mean);
 a kept trace votes with the weight of its lowest group confidence.
+
+DeepConf online (``warmup`` > 0, in self-consistency): the threshold is not fixed but set per
+question from its first ``warmup`` traces, drawn whole: :func:`warmup_threshold` is the
+confidence that keeps their top ``keep_top`` fraction.
 """
 
 from __future__ import annotations
@@ -49,3 +53,15 @@ class ConfidenceSignal(Signal):
 
     def weight(self) -> float:
         return self.lowest if self.lowest is not None else 1.0
+
+
+def warmup_threshold(confidences: list[float], keep_top: float) -> float:
+    """The group confidence that keeps the top ``keep_top`` fraction of ``confidences``: their
+    ``100 * (1 - keep_top)``-th percentile, linearly interpolated (DeepConf's threshold)."""
+    if not confidences:
+        raise ValueError("no warm-up trace has a confidence to set the threshold from")
+    xs = sorted(confidences)
+    at = (len(xs) - 1) * (1 - keep_top)
+    lo = int(at)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (at - lo)

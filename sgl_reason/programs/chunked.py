@@ -21,7 +21,8 @@ def _logprobs(meta: dict) -> tuple[list[float], list[list[float]]]:
 
 def generate_chunked(s, name: str, max_tokens: int, stops: list[str] | None, sampling: dict,
                      signal: Signal, config: EarlyStop, probe=None, before_chunk=None):
-    """Returns (text, tokens, closed_by_model, decision). ``probe(s)`` -> :class:`Probe`;
+    """Returns (text, tokens, closed_by_model, decision). ``probe(s, drop)`` -> :class:`Probe`
+    (see :func:`run_probe`);
     ``before_chunk(s)`` runs before each chunk request (e.g. to attach request extras)."""
     used, parts, k = 0, [], 0
     extra = {"return_logprob": True, "top_logprobs_num": config.top_k} if signal.needs_logprobs else {}
@@ -30,15 +31,18 @@ def generate_chunked(s, name: str, max_tokens: int, stops: list[str] | None, sam
         k += 1
         if before_chunk is not None:
             before_chunk(s)
-        s += sgl.gen(part, max_tokens=min(config.chunk_tokens, max_tokens - used), stop=stops,
-                     **sampling, **extra)
+        # a fresh list per request: SGLang's interpreter appends the chat template's stop
+        # strings to the list it is given, so a shared one grows by a string per chunk
+        # (past the server's limit of 32 in a long trace)
+        s += sgl.gen(part, max_tokens=min(config.chunk_tokens, max_tokens - used),
+                     stop=list(stops) if stops else stops, **sampling, **extra)
         text, meta = finished(s, part)
         used += meta["completion_tokens"]
         parts.append(text)
         chosen, top = _logprobs(meta)
         chunk = Chunk(
             text=text, tokens_so_far=used, logprobs=chosen, top_logprobs=top,
-            probe=(lambda: probe(s)) if probe is not None and signal.needs_probe else None,
+            probe=(lambda drop=0: probe(s, drop)) if probe is not None and signal.needs_probe else None,
         )
         if meta["finish_reason"]["type"] == "stop":  # the trace ended by itself
             return "".join(parts), used, True, signal.record(chunk)
@@ -50,9 +54,11 @@ def generate_chunked(s, name: str, max_tokens: int, stops: list[str] | None, sam
     return "".join(parts), used, False, None
 
 
-def run_probe(s, suffix: str, config: EarlyStop) -> Probe:
+def run_probe(s, suffix: str, config: EarlyStop, drop: int = 0) -> Probe:
     """Fork the trace, close it with ``suffix`` and read a short greedy answer (with its tokens'
     logprobs, and whether it ended at a ``probe_stop`` string rather than at the token limit).
+    ``drop``: read it from the trace without its last ``drop`` characters instead (a new
+    request whose text is a prefix of the trace: cached but for the seam).
 
     The trace's newest token has no KV yet (no request has read it). It is committed alone
     first (a ``max_new_tokens=0`` request), as the next chunk would prefill it, and only then
@@ -61,12 +67,30 @@ def run_probe(s, suffix: str, config: EarlyStop) -> Probe:
     from the one an unprobed trace reads, which was enough to change this model's greedy
     thinking (measured without the commit: 2 of 20 problems diverged from the unprobed run)."""
     executor = s.stream_executor
+    if drop:
+        text = s.text()[:-drop] + suffix
+        state = _probe_from.run(text=text, config=config, backend=executor.backend)
+        return _read_probe(state, config)
     executor.backend.commit_lazy_operations(executor)
     fork = s.fork(1)[0]
     fork += suffix
-    fork += sgl.gen("probe", max_tokens=config.probe_tokens, stop=list(config.probe_stop) or None,
-                    temperature=0, return_logprob=True)
-    text, meta = finished(fork, "probe")
+    _probe_gen(fork, config)
+    return _read_probe(fork, config)
+
+
+def _probe_gen(s, config: EarlyStop) -> None:
+    s += sgl.gen("probe", max_tokens=config.probe_tokens, stop=list(config.probe_stop) or None,
+                 temperature=0, return_logprob=True)
+
+
+@sgl.function
+def _probe_from(s, text: str, config: EarlyStop):
+    s += text
+    _probe_gen(s, config)
+
+
+def _read_probe(s, config: EarlyStop) -> Probe:
+    text, meta = finished(s, "probe")
     logprobs, _ = _logprobs(meta)
     cut = meta["finish_reason"]["type"] == "length" and bool(config.probe_stop)
     return Probe(text, tuple(logprobs), finished=not cut)

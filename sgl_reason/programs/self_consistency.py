@@ -17,6 +17,7 @@ import sglang as sgl
 
 from sgl_reason.backend import ReasonBackend, sync
 from sgl_reason.early_stop import EarlyStop
+from sgl_reason.early_stop.confidence import warmup_threshold
 from sgl_reason.programs.chunked import decision_dict, generate_chunked
 from sgl_reason.profiles import ModelProfile, Sampling
 from sgl_reason.programs.budget import ThinkingBudget
@@ -106,7 +107,9 @@ def self_consistency(
     ``kv_policy`` then sets the server's thinking-KV policy for that thinking.
     ``early_stop``: ``consensus`` samples in windows of ``batch`` and stops once the majority
     is settled (``info["early_stop"]``); ``confidence`` watches every branch, drops
-    low-confidence traces and weights the vote by confidence; ``entropy``/``probe`` stop each
+    low-confidence traces and weights the vote by confidence (with ``warmup=W``, DeepConf
+    online: the first W traces are drawn whole and set the threshold that keeps their top
+    ``keep_top``, ``info["confidence_threshold"]``); ``entropy``/``probe`` stop each
     branch's thinking (they need ``think=``).
     """
     if n < 1:
@@ -119,14 +122,29 @@ def self_consistency(
     profile = resolve_profile(backend, profile)
     params = sampling_kwargs(profile, sampling)
     per_trace = early_stop if early_stop is not None and early_stop.signal != "consensus" else None
-    plan = think_plan_or_none(backend, profile, think, params, per_trace, kv_policy)
-    run = lambda m: self_consistency_program.run(  # noqa: E731
-        question=question, num_samples=m, max_tokens=max_tokens, sampling=params,
-        profile=profile, plan=plan, system=system, watch=per_trace, backend=backend,
-    )["samples"]
-    decision = None
+
+    def sampler(watch: EarlyStop | None):
+        plan = think_plan_or_none(backend, profile, think, params, watch, kv_policy)
+        return plan, lambda m: self_consistency_program.run(
+            question=question, num_samples=m, max_tokens=max_tokens, sampling=params,
+            profile=profile, plan=plan, system=system, watch=watch, backend=backend,
+        )["samples"]
+
+    plan, run = sampler(per_trace)
+    deepconf = per_trace is not None and per_trace.signal == "confidence" and per_trace.warmup > 0
+    decision, threshold = None, None
     with timed_cost(backend) as cost:
-        if early_stop is not None and early_stop.signal == "consensus":
+        if deepconf:  # DeepConf online: warm-up traces drawn whole set the threshold
+            samples = sampler(per_trace.model_copy(update={"threshold": 0.0}))[1](
+                min(per_trace.warmup, n))  # confidences are >= 0: nothing is dropped
+            threshold = warmup_threshold([x.score for x in samples], per_trace.keep_top)
+            for x in samples:  # a warm-up trace under the threshold is filtered out too
+                if x.score < threshold:
+                    x.score = 0.0
+            if n > len(samples):
+                samples += sampler(per_trace.model_copy(update={"threshold": threshold}))[1](
+                    n - len(samples))
+        elif early_stop is not None and early_stop.signal == "consensus":
             samples, judge = [], early_stop.build()
             while len(samples) < n and decision is None:
                 window = run(min(early_stop.batch, n - len(samples)))
@@ -147,4 +165,5 @@ def self_consistency(
     return ProgramResult(answer=result.answer, samples=samples, vote=result, cost=total,
                          info={"profile": profile.name, "route": plan.route if plan else "direct",
                                "early_stop": decision_dict(decision),
-                               "samples_drawn": len(samples)})
+                               "samples_drawn": len(samples),
+                               **({"confidence_threshold": threshold} if deepconf else {})})

@@ -159,7 +159,7 @@ def _chunked(s, plan: ThinkPlan) -> Sample:
     suffix = profile.think_end + ("" if not profile.native_thinking else profile.answer_probe)
     thinking, used, closed, decision = generate_chunked(
         s, "thinking", b.thinking_tokens, _stops(profile), plan.sampling, signal, config,
-        probe=lambda st: run_probe(st, suffix, config),
+        probe=lambda st, drop=0: run_probe(st, suffix, config, drop),
         before_chunk=lambda st: mask_eos_in_thinking(st, plan),
     )
     stopped = decision_dict(decision)
@@ -223,7 +223,8 @@ def _two_requests(s, plan: ThinkPlan) -> Sample:
     while True:
         name = f"thinking_{k}"
         mask_eos_in_thinking(s, plan)
-        s += sgl.gen(name, max_tokens=b.thinking_tokens - used, stop=stops, **plan.sampling)
+        s += sgl.gen(name, max_tokens=b.thinking_tokens - used, stop=list(stops),  # see chunked
+                     **plan.sampling)
         text, meta = finished(s, name)
         used += meta["completion_tokens"]
         parts.append(text)

@@ -113,21 +113,71 @@ def test_probe_counts_only_finished_confident_answers():
     assert "mean token probability >= 0.5" in decisions[3].reason
 
 
+def test_probe_cues_probe_only_after_a_transition_word():
+    """DEER's trigger: a chunk is probed only once the text since the last probe holds a cue
+    (also when the cue is split across two chunks), and the probe reads the trace cut just
+    before the cue; one confident probe may stop."""
+    import math
+
+    config = EarlyStop(signal="probe", chunk_tokens=16, probe_cues=("Check",), probe_agree=1,
+                       probe_confidence=0.8)
+    signal = config.build()
+    asked = []
+
+    def chunk(text, at, p):
+        return Chunk(text=text, tokens_so_far=at, probe=lambda drop=0: asked.append(drop) or p)
+
+    sure, unsure = Probe(" 12.\n", (math.log(0.95),) * 3), Probe(" 9.\n", (math.log(0.5),) * 3)
+    assert signal.observe(chunk("Step 1: 3*4=12.", 16, sure)) is None  # no cue: no probe
+    assert signal.observe(chunk(" So the result is 12.\nChe", 32, sure)) is None
+    assert asked == []
+    decision = signal.observe(chunk("ck: 12/4=3, right", 48, sure))  # "Che" + "ck"
+    # the probe leaves out "\nCheck: 12/4=3, right": it reads "... the result is 12."
+    assert asked == [len("\nCheck: 12/4=3, right")]
+    assert decision.at_token == 48 and decision.answer_text == " 12.\n"
+    assert "a probe (mean token probability >= 0.8) answered '12'" in decision.reason
+    unsure_signal = config.build()
+    assert unsure_signal.observe(Chunk(text="Check:", tokens_so_far=16,
+                                       probe=lambda drop=0: unsure)) is None  # not sure enough
+    with pytest.raises(ValidationError, match="probe_agree=1 stops at the first probe"):
+        EarlyStop(signal="probe", probe_agree=1)
+    with pytest.raises(ValidationError, match="non-empty strings"):
+        EarlyStop(signal="probe", probe_cues=("",))
+
+
+def test_warmup_threshold_keeps_the_top_fraction():
+    from sgl_reason.early_stop.confidence import warmup_threshold
+
+    confidences = [4.0, 1.0, 3.0, 2.0, 5.0]
+    assert warmup_threshold(confidences, 1.0) == 1.0  # keep all: the lowest
+    assert warmup_threshold(confidences, 0.5) == 3.0  # the median
+    assert warmup_threshold(confidences, 0.1) == pytest.approx(4.6)  # DeepConf-low: 90th pct
+    assert warmup_threshold([2.0], 0.1) == 2.0
+    with pytest.raises(ValueError, match="no warm-up trace"):
+        warmup_threshold([], 0.9)
+    with pytest.raises(ValidationError):
+        EarlyStop(signal="confidence", keep_top=0.0)
+
+
 @pytest.mark.server
-def test_confidence_drops_low_confidence_traces(runtime):
-    strict = EarlyStop(signal="confidence", chunk_tokens=8, window=8, threshold=100.0)
-    result = self_consistency(QUESTION, n=3, max_tokens=32, backend=runtime.endpoint,
-                              early_stop=strict)
-    for sample in result.samples:
-        # dropped at its first chunk, or, if it ended by itself inside it, dropped all the same
-        assert sample.stopped["drop"] and sample.answer is None and sample.answer_tokens <= 8
-    assert result.answer is None  # nothing left to vote for
-    lenient = EarlyStop(signal="confidence", chunk_tokens=8, window=8, threshold=1e-6)
-    result = self_consistency(QUESTION, n=3, max_tokens=16, backend=runtime.endpoint,
-                              early_stop=lenient)
-    assert all(s.stopped is None and s.score > 0 for s in result.samples)
-    total = sum(s.score for s in result.samples if s.answer)
-    assert sum(result.vote.votes.values()) == pytest.approx(total)  # confidence-weighted vote
+def test_deepconf_warmup_sets_the_threshold_and_filters_the_vote(runtime):
+    """DeepConf online: W warm-up traces drawn whole set the threshold (their median here);
+    later traces under it stop early and are dropped; warm-up traces under it do not vote."""
+    config = EarlyStop(signal="confidence", chunk_tokens=16, window=16, warmup=2, keep_top=0.5)
+    result = self_consistency(QUESTION, n=4, think=ThinkingBudget(max_thinking_tokens=64,
+                                                                  max_answer_tokens=8),
+                              backend=runtime.endpoint, early_stop=config)
+    threshold = result.info["confidence_threshold"]
+    warm, rest = result.samples[:2], result.samples[2:]
+    assert len(result.samples) == 4 and threshold > 0
+    assert all(x.thinking_tokens == 64 and x.stopped is None for x in warm)  # drawn whole
+    assert sorted(x.score for x in warm)[0] == 0.0  # the one under the median is filtered out
+    for x in rest:
+        if x.stopped is not None:  # dropped at the first group under the threshold
+            assert x.stopped["drop"] and x.answer is None and x.score == 0.0
+        else:
+            assert x.score >= threshold
+    assert result.cost.thinking_tokens == sum(x.thinking_tokens for x in result.samples)
 
 
 @pytest.mark.server

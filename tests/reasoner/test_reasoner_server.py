@@ -79,3 +79,43 @@ def test_release_on_answer_finds_the_models_own_marker(reasoner):
     # 6" where keep's says 14, v2's looped ("= 12 + 5 = 12 + 5 = ...") until max_answer, v3's
     # reads "12 + 7 = 19, 12 - 5 = 6" (the quality cost issue 17 is about)
     assert out["text"].split("</think>", 1)[1].strip().startswith("12 + 7")
+
+
+def test_a_cue_probe_stops_the_reasoner_when_it_turns_to_its_check(reasoner):
+    """DEER's trigger on the reasoner's own transition word: no probe before "Check" is
+    written; the one probe, at the "Check", states the result and ends the thinking."""
+    from sgl_reason.early_stop import EarlyStop
+
+    budget = ThinkingBudget(max_thinking_tokens=400, max_answer_tokens=64, mode="two")
+    full = think_then_answer(QUESTION, budget=budget, backend=reasoner.endpoint, sampling=GREEDY,
+                             early_stop=EarlyStop(signal="none", chunk_tokens=16))
+    cue = EarlyStop(signal="probe", chunk_tokens=16, probe_cues=("Check", "Wait"),
+                    probe_agree=1, probe_confidence=0.9)
+    result = think_then_answer(QUESTION, budget=budget, backend=reasoner.endpoint,
+                               sampling=GREEDY, early_stop=cue)
+    s = result.samples[0]
+    assert s.stopped is not None and s.stopped["answer_from_probe"], s
+    assert s.thinking == full.samples[0].thinking[:len(s.thinking)]  # the same trace, cut
+    assert "Check" in s.thinking
+    assert s.thinking_tokens < full.samples[0].thinking_tokens
+    assert result.answer == full.answer == "14"
+    # one probe (read from the trace cut before "Check": it states the result, not a number
+    # of the check) besides the thinking chunks, and no answer request
+    chunks = -(-s.thinking_tokens // 16)
+    assert result.cost.requests == chunks + 1
+    assert result.cost.decode_tokens < full.cost.decode_tokens
+
+
+def test_chunked_thinking_runs_past_32_chunks(reasoner):
+    """SGLang's interpreter appends the chat template's stop strings to the stop list it is
+    given: a list shared by every chunk grew by one per chunk until the server refused the
+    33rd string. Chunks of 4 tokens make a natural trace far more than 32 requests."""
+    from sgl_reason.early_stop import EarlyStop
+
+    long = "State the final answer to the following arithmetic problem: 582 + 928 - 904 - 541 ="
+    budget = ThinkingBudget(max_thinking_tokens=800, max_answer_tokens=64, mode="two")
+    result = think_then_answer(long, budget=budget, backend=reasoner.endpoint,
+                               sampling=GREEDY, early_stop=EarlyStop(signal="none", chunk_tokens=4))
+    s = result.samples[0]
+    assert not s.forced and s.thinking_tokens > 33 * 4, s
+    assert s.answer is not None and result.cost.requests > 33
