@@ -91,7 +91,8 @@ def replay(traj: dict, stride: int, agree: int, min_conf: float, probe_tokens: i
     """(tokens, answer, stopped) of a ``probe`` rule on one recorded trajectory, judged by the
     real :class:`ProbeSignal`: a chunk every ``stride`` recorded chunks (probed when the signal
     says so: always, or after one of ``cues``), at most ``probe_tokens`` (<= the recorded
-    limit) per probe; a longer recorded probe is cut there."""
+    limit) per probe; a longer recorded probe is cut there. Approximate for cue rules: the
+    live signal reads the trace cut before the cue, the recording has the chunk-end probe."""
     signal = EarlyStop(signal="probe", probe_agree=agree, probe_cues=cues,
                        probe_confidence=min_conf, probe_tokens=probe_tokens).build()
     spent, text = 0, ""
@@ -104,8 +105,8 @@ def replay(traj: dict, stride: int, agree: int, min_conf: float, probe_tokens: i
         probe = Probe(step["probe"], lps[:probe_tokens], finished=not cut)
         asked = []
 
-        def read(p=probe):
-            asked.append(p)
+        def read(drop=0, p=probe):  # a cue rule's probe cut before the cue (drop > 0) was
+            asked.append(p)  # not recorded: the chunk-end probe stands in for it
             return p
 
         decision = signal.observe(Chunk(text=text, tokens_so_far=step["at"], probe=read))

@@ -96,7 +96,8 @@ def problem_set(data: str | None = None, datasets=REASONER_FAMILIES, limit: int 
                 seen[p.family] += 1
                 kept.append(p)
         if not kept:
-            raise ValueError(f"{data} has no problem of the families {', '.join(families)}")
+            which = f" of the families {', '.join(families)}" if families else ""
+            raise ValueError(f"{data} has no problem{which}")
         return kept
     from sgl_reason.reasoner.traces import FAMILIES, dataset
 
@@ -166,8 +167,8 @@ def run(backend, problems: list[Problem], budget: int = 1536, chunk: int = 16,
     full = _row(problems, full_results)
     full["median_thinking_tokens"] = statistics.median(r.cost.thinking_tokens for r in full_results)
     full["closed_itself"] = sum(not r.samples[0].forced for r in full_results) / len(problems)
-    full["_results"] = full_results
     logger.info("full: %s", full)
+    full["_results"] = full_results
     signals = {}
     if "half_budget" in rows:  # the blind cut: same chunking, half the natural thinking
         half = max(chunk, int(full["median_thinking_tokens"]) // 2)
