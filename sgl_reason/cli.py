@@ -432,15 +432,16 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--chunk", type=int, default=16,
                    help="tokens per checked chunk (Dynasor probes every 32 tokens of traces "
                    "~10x longer than the reasoner's)")
-    b.add_argument("--n", type=int, default=8, help="consensus row: samples of full voting")
+    b.add_argument("--n", type=int, default=8,
+                   help="self-consistency rows: samples of full voting")
     b.add_argument("--sc-limit", type=int, default=10,
-                   help="consensus row: the first K problems of each family")
+                   help="self-consistency rows: the first K problems of each family")
     b.add_argument("--concurrency", type=int, default=8,
                    help="problems in flight (1: bit-reproducible rows, see docs/benchmarks.md)")
     b.add_argument("--rows", type=_rows, default=None, metavar="NAME[,NAME]",
                    help="run only these rows besides full (default: all but full_repeat): "
                    "half_budget, entropy, probe, probe_agree3, probe_confident, probe_cue, "
-                   "confidence, full_repeat, consensus")
+                   "confidence, full_repeat, consensus, deepconf_low, deepconf_high")
     b = benches.add_parser("fp8-kv", help="16-bit vs per-tensor vs per-token FP8 and int8 KV")
     b.add_argument("--tokens", type=int, default=2000, help="teacher-forced sequence length (about)")
     b.add_argument("--rounds", type=int, default=5,

@@ -145,6 +145,23 @@ def test_probe_cues_probe_only_after_a_transition_word():
         EarlyStop(signal="probe", probe_cues=("",))
 
 
+@pytest.mark.server
+def test_confidence_drops_low_confidence_traces(runtime):
+    strict = EarlyStop(signal="confidence", chunk_tokens=8, window=8, threshold=100.0)
+    result = self_consistency(QUESTION, n=3, max_tokens=32, backend=runtime.endpoint,
+                              early_stop=strict)
+    for sample in result.samples:
+        # dropped at its first chunk, or, if it ended by itself inside it, dropped all the same
+        assert sample.stopped["drop"] and sample.answer is None and sample.answer_tokens <= 8
+    assert result.answer is None  # nothing left to vote for
+    lenient = EarlyStop(signal="confidence", chunk_tokens=8, window=8, threshold=1e-6)
+    result = self_consistency(QUESTION, n=3, max_tokens=16, backend=runtime.endpoint,
+                              early_stop=lenient)
+    assert all(s.stopped is None and s.score > 0 for s in result.samples)
+    total = sum(s.score for s in result.samples if s.answer)
+    assert sum(result.vote.votes.values()) == pytest.approx(total)  # confidence-weighted vote
+
+
 def test_warmup_threshold_keeps_the_top_fraction():
     from sgl_reason.early_stop.confidence import warmup_threshold
 
