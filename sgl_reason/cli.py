@@ -432,8 +432,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--chunk", type=int, default=16,
                    help="tokens per checked chunk (Dynasor probes every 32 tokens of traces "
                    "~10x longer than the reasoner's)")
-    b.add_argument("--n", type=int, default=8,
-                   help="self-consistency rows: samples of full voting")
+    b.add_argument("--n", type=int, default=8, help="self-consistency rows: samples voted")
     b.add_argument("--sc-limit", type=int, default=10,
                    help="self-consistency rows: the first K problems of each family")
     b.add_argument("--concurrency", type=int, default=8,
