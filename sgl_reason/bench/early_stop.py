@@ -49,7 +49,6 @@ from sgl_reason.vote import normalize_answer
 logger = logging.getLogger(__name__)
 
 GREEDY = Sampling(temperature=0.0, top_p=1.0)
-ANSWER_TOKENS = 16  # SmolLM2-era recordings' answer limit (benchmarks/early_stop_trajectories.py)
 REASONER_FAMILIES = ("chain_sum", "basic_arithmetic", "leg_counting")
 
 # Rows of the bench: signal rows (the signal is the name up to "_") with their knobs;
@@ -63,12 +62,15 @@ SIGNAL_ROWS = {
 # Self-consistency rows (n samples, thinking) against full n-sample voting: ESC/Adaptive-
 # Consistency's consensus windows of n/2; DeepConf online, n/2 warm-up traces setting the
 # threshold that keeps their top 10% (DeepConf-low) or 90% (DeepConf-high).
+def _deepconf(keep_top: float):
+    return lambda n, chunk: EarlyStop(signal="confidence", chunk_tokens=chunk, window=chunk,
+                                      warmup=max(1, n // 2), keep_top=keep_top)
+
+
 SC_ROWS = {
     "consensus": lambda n, chunk: EarlyStop(signal="consensus", batch=max(2, n // 2)),
-    "deepconf_low": lambda n, chunk: EarlyStop(signal="confidence", chunk_tokens=chunk,
-                                               window=chunk, warmup=max(1, n // 2), keep_top=0.1),
-    "deepconf_high": lambda n, chunk: EarlyStop(signal="confidence", chunk_tokens=chunk,
-                                                window=chunk, warmup=max(1, n // 2), keep_top=0.9),
+    "deepconf_low": _deepconf(0.1),
+    "deepconf_high": _deepconf(0.9),
 }
 ROWS = ("half_budget", *SIGNAL_ROWS, "full_repeat", *SC_ROWS)
 DEFAULT_ROWS = tuple(r for r in ROWS if r != "full_repeat")
