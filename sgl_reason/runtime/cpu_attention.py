@@ -52,10 +52,14 @@ class DecodePlan:
     groups: list[Group]
     suffix_slots: torch.Tensor  # [B, S] KV slots of each request's own suffix, padded with 0
     suffix_mask: torch.Tensor  # [B, S] True where suffix_slots is real
+    shared: list[int]  # each request's shared-prefix length (its group's P)
+    window: tuple | None = None  # 16-bit reads (kv_window): suffix Reads, per-group prefix Reads
 
 
-def plan_decode(rows: torch.Tensor, seq_lens: list[int]) -> DecodePlan:
-    """Group a decode batch by shared KV prefix. ``rows`` is ``req_to_token[req_pool_indices]``."""
+def plan_decode(rows: torch.Tensor, seq_lens: list[int], min_suffix: int = 1) -> DecodePlan:
+    """Group a decode batch by shared KV prefix. ``rows`` is ``req_to_token[req_pool_indices]``.
+    Each request keeps at least its last ``min_suffix`` tokens (>= 1: the newest) in its own
+    suffix: a 16-bit window is per request, so it cannot sit in a shared prefix."""
     batch = len(seq_lens)
     by_first: dict[int, list[int]] = {}
     for i in range(batch):
@@ -65,8 +69,7 @@ def plan_decode(rows: torch.Tensor, seq_lens: list[int]) -> DecodePlan:
     for members in by_first.values():
         p = 0
         if len(members) > 1:
-            # each member keeps at least its newest token as suffix
-            limit = min(seq_lens[i] for i in members) - 1
+            limit = min(seq_lens[i] for i in members) - max(1, min_suffix)
             head = rows[members, :limit]
             same = (head == head[0]).all(dim=0).to(torch.int32)
             p = int(same.cumprod(0).sum())
@@ -82,7 +85,21 @@ def plan_decode(rows: torch.Tensor, seq_lens: list[int]) -> DecodePlan:
     mask = offsets.unsqueeze(0) < lengths
     cols = (starts + offsets.unsqueeze(0)).clamp(max=rows.shape[1] - 1)
     slots = torch.where(mask, torch.gather(rows, 1, cols), torch.zeros_like(cols)).long()
-    return DecodePlan(groups, slots, mask)
+    return DecodePlan(groups, slots, mask, shared)
+
+
+def plan_decode_batch(req_to_token: torch.Tensor, lanes: list[int], seq_lens: list[int],
+                      holes=None, window=None) -> DecodePlan:
+    """The plan of one decode batch: rows closed over released holes, grouped by shared
+    prefix, and where a KV window (``kv_window.KVWindow``, already planned) puts its rows."""
+    rows = req_to_token[torch.tensor(lanes)]
+    closed, lens = (close_holes(rows, seq_lens, holes) if holes else (rows, seq_lens))
+    plan = plan_decode(closed, lens, window.window if window is not None else 1)
+    if window is None:
+        return plan
+    reads = window.decode_reads(rows, seq_lens, lanes, holes, plan.shared,
+                                plan.suffix_slots.shape[1])
+    return DecodePlan(plan.groups, plan.suffix_slots, plan.suffix_mask, plan.shared, reads)
 
 
 def close_holes(rows: torch.Tensor, seq_lens: list[int],
@@ -119,18 +136,25 @@ def _rows(cache, slots: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
     return torch.index_select(cache, 0, slots).to(dtype)
 
 
+def _window_rows(cache, slots: torch.Tensor, reads) -> torch.Tensor:
+    """Gathered rows with a KV window's 16-bit rows put over them (``reads``: kv_window.Reads)."""
+    rows = _rows(cache, slots)
+    return rows if reads is None else reads.apply(rows, cache.window_store())
+
+
 def shared_prefix_decode(query, k_cache, v_cache, plan: DecodePlan, scale: float) -> torch.Tensor:
     """query [B, Hq, D] -> attention output [B, Hq, D] (fp32), per the plan."""
     batch, hq, d = query.shape
     hkv = k_cache.shape[1]
     rep = hq // hkv
     q = query.float().view(batch, hkv, rep, d)  # q head h reads kv head h // rep
+    suffix_reads, prefix_reads = plan.window or (None, None)
 
     flat = plan.suffix_slots.reshape(-1)
     width = plan.suffix_slots.shape[1]
     # index_select, not k_cache[idx]: advanced indexing is ~50x slower on CPU here
-    ks = _rows(k_cache, flat).view(batch, width, hkv, d).transpose(1, 2)  # [B, Hkv, S, D]
-    vs = _rows(v_cache, flat).view(batch, width, hkv, d).transpose(1, 2)
+    ks = _window_rows(k_cache, flat, suffix_reads).view(batch, width, hkv, d).transpose(1, 2)
+    vs = _window_rows(v_cache, flat, suffix_reads).view(batch, width, hkv, d).transpose(1, 2)
     out, m, l = _partial(q, ks, vs, scale, plan.suffix_mask)
 
     for group in plan.groups:
@@ -138,8 +162,9 @@ def shared_prefix_decode(query, k_cache, v_cache, plan: DecodePlan, scale: float
         if p == 0:
             continue
         g = group.members
-        kp = _rows(k_cache, group.prefix_slots).transpose(0, 1)  # [Hkv, P, D]
-        vp = _rows(v_cache, group.prefix_slots).transpose(0, 1)
+        reads = prefix_reads[int(g[0])] if prefix_reads else None  # sinks, shared by the group
+        kp = _window_rows(k_cache, group.prefix_slots, reads).transpose(0, 1)  # [Hkv, P, D]
+        vp = _window_rows(v_cache, group.prefix_slots, reads).transpose(0, 1)
         qg = q[g].permute(1, 0, 2, 3).reshape(1, hkv, len(g) * rep, d)  # all group queries
         o2, m2, l2 = _partial(qg, kp.unsqueeze(0), vp.unsqueeze(0), scale)
         o2 = o2.view(hkv, len(g), rep, d).permute(1, 0, 2, 3)
@@ -159,12 +184,20 @@ def extend_attention(query, output, k_cache, v_cache, req_to_token, req_pool_ind
     ``[prefix_i, seq_len_i)`` of its row and attend to row positions ``<= their own``."""
     q_lens, prefixes = extend_seq_lens.tolist(), extend_prefix_lens.tolist()
     kv_lens, pools = seq_lens.tolist(), req_pool_indices.tolist()
+    window = getattr(k_cache, "window", None)
+    if window is not None and window.entries:
+        if not causal:
+            raise RuntimeError("sgl-reason KV window: non-causal attention is not supported")
+        return _window_extend(query, output, k_cache, v_cache, req_to_token, pools, q_lens,
+                              prefixes, kv_lens, scaling)
     start = 0
     for n, prefix, kv, pool in zip(q_lens, prefixes, kv_lens, pools):
         slots = req_to_token[pool, :kv].long()
-        q = query[start:start + n].transpose(0, 1).unsqueeze(0)  # [1, Hq, n, D]
-        k = _rows(k_cache, slots, q.dtype).transpose(0, 1).unsqueeze(0)
-        v = _rows(v_cache, slots, q.dtype).transpose(0, 1).unsqueeze(0)
+        # in fp32, as decode: same speed here as bf16, and a 16-bit pool, a low-bit one and its
+        # 16-bit window then differ by what they store, not by the arithmetic that reads it
+        q = query[start:start + n].transpose(0, 1).unsqueeze(0).float()  # [1, Hq, n, D]
+        k = _rows(k_cache, slots).transpose(0, 1).unsqueeze(0)
+        v = _rows(v_cache, slots).transpose(0, 1).unsqueeze(0)
         mask, is_causal = None, False
         if causal and prefix == 0:
             is_causal = True  # square: SDPA's own causal mask is the right one
@@ -173,13 +206,65 @@ def extend_attention(query, output, k_cache, v_cache, req_to_token, req_pool_ind
             mask = torch.arange(kv).unsqueeze(0) <= rows  # offset causal mask [n, kv]
         out = scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
                                            scale=scaling, enable_gqa=enable_gqa)
-        output[start:start + n] = out[0].transpose(0, 1)
+        output[start:start + n] = out[0].transpose(0, 1).to(output.dtype)
+        start += n
+    return output
+
+
+def _window_extend(query, output, k_cache, v_cache, req_to_token, pools, q_lens, prefixes,
+                   kv_lens, scaling) -> torch.Tensor:
+    """Extend over a low-bit pool with a 16-bit window (``kv_window``): each new token reads
+    the keys within the window behind it at 16 bits, as it would had it been decoded."""
+    from sgl_reason.runtime.kv_window import band_attention
+
+    window = k_cache.window
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    start = 0
+    for i, (n, prefix, kv, pool) in enumerate(zip(q_lens, prefixes, kv_lens, pools)):
+        slots = req_to_token[pool, :kv].long()
+        rows = window.extend_rows[i]
+        halves = []
+        for cache, carry, fresh in ((k_cache, window.carry_k, window.fresh_k),
+                                    (v_cache, window.carry_v, window.fresh_v)):
+            coded = _rows(cache, slots)  # [kv, H, D] fp32
+            exact = coded.clone()
+            exact[rows.pos] = carry[rows.first:rows.first + rows.pos.numel()].float()
+            exact[prefix:kv] = fresh[start:start + n].float()
+            halves += [coded.transpose(0, 1), exact.transpose(0, 1)]
+        kq, kf, vq, vf = halves
+        q = query[start:start + n].transpose(0, 1).float()  # [Hq, n, D]
+        out = band_attention(q, kq, vq, kf, vf, prefix, window.sink, window.window, scale)
+        output[start:start + n] = out.transpose(0, 1).to(output.dtype)
         start += n
     return output
 
 
 def enabled() -> bool:
     return os.environ.get(ENV, "1") != "0"
+
+
+def _plan_window(window, req_to_token, forward_batch) -> None:
+    """Announce this batch's KV writes to the 16-bit window (``kv_window``)."""
+    mode = forward_batch.forward_mode
+    lanes = forward_batch.req_pool_indices.tolist()
+    seq_lens = forward_batch.seq_lens.tolist()
+    if mode.is_decode():
+        window.plan(req_to_token, lanes, [n - 1 for n in seq_lens], seq_lens,
+                    forward_batch.out_cache_loc, extend=False)
+    elif mode.is_extend() and (mode.is_mixed() or mode == type(mode).EXTEND):
+        window.plan(req_to_token, lanes, forward_batch.extend_prefix_lens.tolist(), seq_lens,
+                    forward_batch.out_cache_loc, extend=True)
+    elif not mode.is_idle():
+        raise RuntimeError(f"sgl-reason KV window: {mode} forwards are not supported; run "
+                           "without --kv-full-precision-tokens")
+
+
+def _refuse_window(k_cache, what: str) -> None:
+    window = getattr(k_cache, "window", None)
+    if window is not None and window.entries:
+        raise RuntimeError(f"sgl-reason KV window: {what} go to stock attention, which would "
+                           "read the codes without the window; run without "
+                           "--kv-full-precision-tokens")
 
 
 def install() -> bool:
@@ -200,6 +285,7 @@ def install() -> bool:
                    sliding_window_size=None):
         if (encoder_lens is not None or is_cross_attn
                 or (sliding_window_size is not None and sliding_window_size > -1)):
+            _refuse_window(k_cache, "cross attention, encoders or sliding windows")
             return stock_extend(self, query, output, k_cache, v_cache, req_to_token,
                                 req_pool_indices, seq_lens, extend_prefix_lens, extend_seq_lens,
                                 encoder_lens, scaling, enable_gqa, causal, is_cross_attn,
@@ -212,12 +298,14 @@ def install() -> bool:
         stock_init(self, forward_batch)
         self._sgl_reason_plan, self._sgl_reason_holes = None, False
         holes = getattr(forward_batch, "sgl_reason_holes", None)
-        if forward_batch.forward_mode.is_decode() and forward_batch.encoder_lens is None:
-            rows = self.req_to_token_pool.req_to_token[forward_batch.req_pool_indices]
-            seq_lens = forward_batch.seq_lens.tolist()
-            if holes:
-                rows, seq_lens = close_holes(rows, seq_lens, holes)
-            self._sgl_reason_plan = plan_decode(rows, seq_lens)
+        window = getattr(self.token_to_kv_pool, "kv_window", None)
+        mode = forward_batch.forward_mode
+        if window is not None:
+            _plan_window(window, self.req_to_token_pool.req_to_token, forward_batch)
+        if mode.is_decode() and forward_batch.encoder_lens is None:
+            self._sgl_reason_plan = plan_decode_batch(
+                self.req_to_token_pool.req_to_token, forward_batch.req_pool_indices.tolist(),
+                forward_batch.seq_lens.tolist(), holes, window)
             self._sgl_reason_holes = bool(holes)
         elif holes:
             raise RuntimeError("sgl-reason: a request with released thinking KV reached a "
@@ -233,6 +321,7 @@ def install() -> bool:
             if getattr(self, "_sgl_reason_holes", False):
                 raise RuntimeError("sgl-reason: released thinking KV reached stock decode "
                                    "attention, which would read the freed slots")
+            _refuse_window(k_cache, "cross attention, encoders or sliding windows")
             return stock_decode(self, query, output, k_cache, v_cache, req_to_token,
                                 req_pool_indices, seq_lens, encoder_lens, scaling, enable_gqa,
                                 causal, is_cross_attn, sliding_window_size)

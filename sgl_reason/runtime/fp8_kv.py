@@ -16,6 +16,11 @@ The two code formats cost the same bytes; int8's error is uniform over a row (st
 where e4m3 keeps 3 mantissa bits at every magnitude, and on this model int8 loses less
 (``experiments/kv_schemes.py``: KL 0.0028 against e4m3's 0.0115 over 2,048 GSM8K tokens).
 
+A 16-bit window (``--kv-full-precision-tokens S,W``, :mod:`sgl_reason.runtime.kv_window`)
+keeps each request's first S and last W tokens also in 16 bits, and attention reads those
+instead of their codes (KIVI's residual window): the pool owns it (``kv_window``) and writes
+it in ``set_kv_buffer``; the CPU attention reads it.
+
 Reads never dequantize the pool: ``get_key_buffer`` returns a :class:`PerTokenFP8View` and
 attention gathers the rows it needs (``view[idx]`` or ``view.rows(slots)``), dequantizing only
 those. Pool sizing counts the scale bytes (the cell-size hook below), so a memory budget buys
@@ -45,6 +50,7 @@ import os
 
 import torch
 
+from sgl_reason.runtime import kv_window
 from sgl_reason.runtime.flags import export_to, has_flag, wrap_server_args
 
 logger = logging.getLogger(__name__)
@@ -137,10 +143,18 @@ def dequantize(q: torch.Tensor, scale: torch.Tensor, dtype=torch.float32) -> tor
 
 
 class PerTokenFP8View:
-    """What ``get_key_buffer`` returns: indexing dequantizes only the selected token rows."""
+    """What ``get_key_buffer`` returns: indexing dequantizes only the selected token rows.
+    ``window``: the pool's 16-bit window (``kv_window.KVWindow``) or None, and which of its
+    stores (``window_store()``) holds this layer's K or V."""
 
-    def __init__(self, data: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype):
+    def __init__(self, data: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype,
+                 window=None, store: tuple[str, int] | None = None):
         self.data, self.scale, self.dtype = data, scale, dtype  # data: fp8 or int8 [N, H, D]
+        self.window, self._store = window, store
+
+    def window_store(self) -> torch.Tensor:
+        kind, layer = self._store
+        return getattr(self.window, kind)[layer]
 
     @property
     def shape(self):
@@ -186,6 +200,11 @@ def pool_class():
                                   for _ in range(self.layer_num)]
             self.token_v_scale = [torch.ones(rows, self.head_num, dtype=SCALE_DTYPE, device=self.device)
                                   for _ in range(self.layer_num)]
+            sink, window = kv_window.parse(os.environ.get(kv_window.ENV, "0,0"))
+            self.kv_window = None
+            if sink or window:
+                self.kv_window = kv_window.KVWindow(sink, window, self.layer_num, self.head_num,
+                                                    self.head_dim, self.v_head_dim, self.device)
 
         def _clear_buffers(self):
             super()._clear_buffers()
@@ -199,12 +218,12 @@ def pool_class():
         def _get_key_buffer(self, layer_id: int):
             i = layer_id - self.start_layer
             return PerTokenFP8View(self.k_buffer[i].view(self._code_dtype), self.token_k_scale[i],
-                                   self.dtype)
+                                   self.dtype, self.kv_window, ("k", i))
 
         def _get_value_buffer(self, layer_id: int):
             i = layer_id - self.start_layer
             return PerTokenFP8View(self.v_buffer[i].view(self._code_dtype), self.token_v_scale[i],
-                                   self.dtype)
+                                   self.dtype, self.kv_window, ("v", i))
 
         def set_kv_buffer(self, layer, loc_info, cache_k, cache_v, k_scale=None, v_scale=None,
                           layer_id_override=None, dcp_kv_mask=None):
@@ -221,6 +240,9 @@ def pool_class():
             self.v_buffer[i][loc] = qv.view(self.store_dtype)
             self.token_k_scale[i][loc] = sk
             self.token_v_scale[i][loc] = sv
+            if self.kv_window is not None:
+                self.kv_window.write(i, loc, cache_k.view(-1, self.head_num, self.head_dim),
+                                     cache_v.view(-1, self.head_num, self.v_head_dim))
 
         def get_cpu_copy(self, indices, mamba_indices=None, req_pool_index=None):
             """SGLang's host copy of a request's KV (codes), with each chunk's scales."""
@@ -265,6 +287,14 @@ def add_cli_flag(parser: argparse.ArgumentParser) -> None:
         help="(sgl-reason) FP8 KV scale granularity with --kv-cache-dtype fp8_e4m3: per-tensor "
              "(stock SGLang) or per-token (one scale per token and head)",
     )
+    parser.add_argument(
+        "--kv-full-precision-tokens", default=None, metavar="S,W",
+        action=export_to(kv_window.ENV),
+        help="(sgl-reason) with a per-token KV pool, keep a 16-bit copy of each request's first "
+             "S and last W tokens, which attention reads instead of their codes (0,0: off). "
+             f"One copy per running request: --max-running-requests defaults to "
+             f"{kv_window.DEFAULT_LANES} with it",
+    )
     for action in parser._actions:  # the plugin's code formats join SGLang's KV dtypes
         if "--kv-cache-dtype" in action.option_strings and action.choices is not None:
             action.choices = [*action.choices, *KV_CACHE_DTYPES]
@@ -276,6 +306,9 @@ def prepare(server_args) -> None:
     """``--kv-cache-dtype int8_per_token_head`` / ``fp8_per_token_head``: the per-token pool with
     those codes, stored in SGLang's 1-byte KV layout (its ``fp8_e4m3``), exported to the
     scheduler through the environment like ``--kv-scale``."""
+    text = os.environ.get(kv_window.ENV)
+    if text is not None and any(kv_window.parse(text)) and server_args.max_running_requests is None:
+        server_args.max_running_requests = kv_window.DEFAULT_LANES  # one window lane each
     name = server_args.kv_cache_dtype
     if name not in KV_CACHE_DTYPES:
         return
@@ -288,8 +321,34 @@ def prepare(server_args) -> None:
     server_args.kv_cache_dtype = "fp8_e4m3"
 
 
+def validate_window(server_args) -> None:
+    """``--kv-full-precision-tokens``: only over the per-token pool, read by the CPU attention."""
+    text = os.environ.get(kv_window.ENV)
+    if text is None or not any(kv_window.parse(text)):
+        return
+    problems = []
+    if not uses_pool():
+        problems.append("a 16-bit KV pool (add --kv-cache-dtype int8_per_token_head or "
+                        "fp8_per_token_head)")
+    if server_args.attention_backend != "torch_native":
+        problems.append(f"--attention-backend {server_args.attention_backend} (the window is "
+                        "read by sgl-reason's CPU attention for torch_native)")
+    from sgl_reason.runtime import cpu_attention
+
+    if not cpu_attention.enabled():
+        problems.append(f"{cpu_attention.ENV}=0 (stock attention would read codes only)")
+    if getattr(server_args, "speculative_algorithm", None):
+        problems.append(f"--speculative-algorithm {server_args.speculative_algorithm}")
+    if problems:
+        raise ValueError(f"--kv-full-precision-tokens {text} does not support "
+                         f"{'; '.join(problems)}. Supported: a per-token pool "
+                         "(--kv-cache-dtype int8_per_token_head) with --attention-backend "
+                         "torch_native (CPU); elsewhere drop the flag.")
+
+
 def validate(server_args) -> None:
     """Refuse unsupported combinations at launch, listing what is supported."""
+    validate_window(server_args)
     if not uses_pool():
         return
     problems = []

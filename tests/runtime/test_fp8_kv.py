@@ -226,16 +226,27 @@ def test_per_token_server_generates_and_refuses_bad_flags():
 @pytest.mark.server
 def test_int8_per_token_head_server_reads_what_16_bit_reads():
     """``--kv-cache-dtype int8_per_token_head`` (vLLM's name) builds the int8 pool, and its
-    next-token distributions along a teacher-forced text stay close to the 16-bit server's."""
+    next-token distributions along a teacher-forced text stay close to the 16-bit server's;
+    with a 16-bit window of the last 64 tokens (``--kv-full-precision-tokens 0,64``) closer."""
     from sgl_reason import EmbeddedRuntime
     from sgl_reason.bench.fp8_kv import gsm8k_text, kl_and_top1, top_logprobs
 
     text = gsm8k_text(40, 300)
-    with EmbeddedRuntime(extra_args=["--kv-cache-dtype", "int8_per_token_head"]) as rt:
+    int8 = ["--kv-cache-dtype", "int8_per_token_head"]
+    with EmbeddedRuntime(extra_args=int8) as rt:
         started = rt.server.tail(10_000)  # the start-up log, the pool's line in it
         ours = top_logprobs(rt, text)
+    with EmbeddedRuntime(extra_args=[*int8, "--kv-full-precision-tokens", "0,64"]) as rt:
+        windowed = top_logprobs(rt, text)
+        greedy = rt.generate("<|im_start|>user\nCount to ten.<|im_end|>\n<|im_start|>assistant\n",
+                             max_new_tokens=80, temperature=0, ignore_eos=True)  # past the ring
+        log = rt.server.tail(20_000)
     assert "per-token KV pool: int8 codes" in started, started[-3000:]
+    assert "KV window: first 0 and last 64 tokens" in log, log[-3000:]
+    assert greedy["meta_info"]["completion_tokens"] == 80 and greedy["text"].strip()
     with EmbeddedRuntime() as rt:
         ref = top_logprobs(rt, text)
     kl, top1 = kl_and_top1(ref, ours)
     assert len(ref) > 250 and kl < 0.02 and top1 > 0.9, (kl, top1)
+    kl_window, _ = kl_and_top1(ref, windowed)
+    assert kl_window < 0.8 * kl, (kl_window, kl)
