@@ -441,12 +441,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run only these rows besides full (default: all but full_repeat): "
                    "half_budget, entropy, probe, probe_agree3, probe_confident, probe_cue, "
                    "confidence, full_repeat, consensus, deepconf_low, deepconf_high")
-    b = benches.add_parser("fp8-kv", help="16-bit vs per-tensor vs per-token FP8 and int8 KV")
+    b = benches.add_parser("fp8-kv", help="16-bit vs low-bit KV schemes (FP8, int8, 16-bit windows)")
     b.add_argument("--tokens", type=int, default=2000, help="teacher-forced sequence length (about)")
-    b.add_argument("--rounds", type=int, default=5,
+    b.add_argument("--rounds", type=int, default=7,
                    help="decode rounds; each row's ratio is the median over rounds")
     b.add_argument("--model", default="reasoner", type=_model_name,
                    help="every row's model (default: reasoner)")
+    b.add_argument("--accuracy", type=int, default=20, metavar="N",
+                   help="held-out problems per family for the reasoner's accuracy per scheme "
+                        "(0: skip)")
     b = benches.add_parser("thinking-kv", help="stock vs each thinking-KV policy at a fixed pool")
     b.add_argument("--requests", type=int, default=10, help="requests sent at once per row")
     b.add_argument("--max-total-tokens", type=int, default=1400, help="the KV pool, in tokens")

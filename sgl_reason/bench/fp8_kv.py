@@ -9,7 +9,13 @@ Rows (each its own embedded server, same model, same requests; the tiny reasoner
   a calibration text (a different text from the one evaluated);
 - ``per_token``: FP8 with one bf16 scale per token and head (``--kv-scale per-token``);
 - ``int8_per_token``: int8 codes with one bf16 scale per token and head
-  (``--kv-cache-dtype int8_per_token_head``), the same bytes as ``per_token``.
+  (``--kv-cache-dtype int8_per_token_head``), the same bytes as ``per_token``;
+- ``int8_win64``: the int8 pool with a 16-bit copy of each request's last 64 tokens
+  (``--kv-full-precision-tokens 0,64``; sink tokens and e4m3 under a window measured no better
+  in ``experiments/kv_schemes.py``);
+- ``int8_win_all``: the window over every token, so no code is ever read: the same stored
+  values as ``bf16`` through the windowed path's arithmetic. Its distance from ``bf16`` is the
+  measurement's noise floor (near-tied next tokens that a last-bit difference flips).
 
 SGLang's own FP8 KV on CPU needs AMX kernels this machine lacks, so the two per-tensor rows are
 emulated inside sgl-reason's pool with fixed scales (same arithmetic: divide, cast, multiply).
@@ -39,6 +45,12 @@ from sgl_reason.runtime import fp8_kv
 
 TOP = 20
 DECODE_TOKENS = 64
+ACCURACY_SEED = 8_000_000
+ACCURACY_ROWS = ("int8_per_token", "int8_win64")
+DEFAULT_SCHEME = "int8_win64"  # chosen by this bench; see docs/benchmarks.md
+WINDOW_ALL = ["--kv-full-precision-tokens", "0,4096", "--max-running-requests", "8"]  # > the texts
+ROWS = ("bf16", "per_tensor", "per_tensor_calibrated", "per_token", "int8_per_token",
+        "int8_win64", "int8_win_all")
 POOL_TOKENS = 16384  # per server: the longest request here is ~3,000 tokens, batches ~4,000
 PROMPTS = [
     "Write a short story about a robot learning to paint.",
@@ -84,11 +96,35 @@ def calibrate(model_path: Path, text: str) -> dict:
             "v": [float(v.abs().amax()) / fp8_kv.FP8_MAX for v in vs]}
 
 
-def bytes_per_token(info: dict, fp8: bool) -> int:
+def bytes_per_token(info: dict, fp8: bool, window: int = 0, context: int = 2000) -> float:
+    """Pool bytes per token; with a 16-bit window of ``window`` tokens per request, plus that
+    copy's share at a ``context``-token request."""
     layers, heads, dim = info["layers"], info["kv_heads"], info["head_dim"]
+    full = 2 * layers * heads * dim * 2
     if not fp8:
-        return 2 * layers * heads * dim * 2
-    return 2 * layers * heads * dim + fp8_kv.scale_bytes_per_token(layers, heads)
+        return full
+    return 2 * layers * heads * dim + fp8_kv.scale_bytes_per_token(layers, heads) \
+        + full * min(window, context) / context
+
+
+def held_out_problems(per_family: int):
+    from sgl_reason.data import gym_problems
+    from sgl_reason.reasoner.traces import dataset
+
+    return [p for family in ("chain_sum", "basic_arithmetic", "leg_counting")
+            for p in gym_problems(family, dataset(family, per_family, ACCURACY_SEED))]
+
+
+def answers(rt: EmbeddedRuntime, problems) -> list[str | None]:
+    """The reasoner's greedy final answers (all problems in flight at once)."""
+    from sgl_reason.reasoner.train import chat_prompt
+    from sgl_reason.reasoner.traces import THINK_END
+    from sgl_reason.vote.extract import extract_answer
+
+    outs = rt.generate([chat_prompt(p.question) for p in problems], max_new_tokens=1024,
+                       temperature=0)
+    return [extract_answer(o["text"].split(THINK_END)[-1]) if THINK_END in o["text"] else None
+            for o in outs]
 
 
 def top_logprobs(rt: EmbeddedRuntime, text: str) -> list[dict[int, float]]:
@@ -176,8 +212,8 @@ def quality(rt: EmbeddedRuntime, texts: dict[str, str]) -> dict:
                         for p in PROMPTS]}
 
 
-def run(tokens: int = 2000, budget_gib: float = 1.0, rounds: int = 5,
-        model_name: str = "reasoner") -> dict:
+def run(tokens: int = 2000, budget_gib: float = 1.0, rounds: int = 7,
+        model_name: str = "reasoner", accuracy: int = 0) -> dict:
     """Every row on ``model_name``; quality over two teacher-forced texts of about ``tokens``
     tokens each (GSM8K worked answers, the reasoner's own traces), the worst of the two as the
     row's ``kl`` and ``top1_agreement``."""
@@ -191,29 +227,50 @@ def run(tokens: int = 2000, budget_gib: float = 1.0, rounds: int = 5,
         scales = Path(tmp) / "scales.json"
         scales.write_text(json.dumps(calibrate(path, gsm8k_text(600, 1500))))
         fp8 = ["--kv-cache-dtype", "fp8_e4m3"]
+        int8 = ["--kv-cache-dtype", "int8_per_token_head"]
+        window = "--kv-full-precision-tokens"
         configs = {
             "bf16": (None, []),
             "per_tensor": ({fp8_kv.ENV: "fixed:1.0"}, fp8),
             "per_tensor_calibrated": ({fp8_kv.ENV: f"layers:{scales}"}, fp8),
             "per_token": ({fp8_kv.ENV: "per-token"}, fp8),
-            "int8_per_token": (None, ["--kv-cache-dtype", "int8_per_token_head"]),
+            "int8_per_token": (None, int8),
+            "int8_win64": (None, [*int8, window, "0,64"]),
+            "int8_win_all": (None, [*int8, *WINDOW_ALL]),
         }
-        # all five up at once (an idle server takes no CPU here), so decode speed is measured
+        # every row's server sets its own window (none: 0,0), never the product default
+        configs = {name: (env, extra if window in extra or name == "bf16" else
+                          [*extra, window, "0,0"]) for name, (env, extra) in configs.items()}
+        # all up at once (an idle server takes no CPU here), so decode speed is measured
         # in turns rather than minutes apart
         servers = {name: stack.enter_context(EmbeddedRuntime(
-            model=model_name, extra_args=[*extra, "--max-total-tokens", str(POOL_TOKENS)],
+            model=model_name, extra_args=[*extra, "--max-total-tokens", str(POOL_TOKENS),
+                                          # the pool is set above; with six servers up, the
+                                          # free-memory check at load needs more than 0.05
+                                          "--mem-fraction-static", "0.2"],
             env=env)) for name, (env, extra) in configs.items()}
         rows = {name: quality(rt, texts) for name, rt in servers.items()}
         for name, speed in decode_ratios(servers, context, rounds).items():
             rows[name].update(speed)
+        if accuracy and model_name == "reasoner":  # its held-out families
+            problems = held_out_problems(accuracy)
+            for name in ("bf16", *ACCURACY_ROWS):
+                got = answers(servers[name], problems)
+                rows[name]["_answers"] = got
+                rows[name]["accuracy"] = round(
+                    sum(p.grade(a) for p, a in zip(problems, got)) / len(problems), 4)
     ref = rows["bf16"]
     context_tokens = {name: len(lp) for name, lp in ref["_logprobs"].items()}
     report = {"model": str(path), "model_name": model_name, "context_tokens": context_tokens,
               "teacher_forced_tokens": min(context_tokens.values()),
-              "memory_budget_gib": budget_gib, "decode_rounds": rounds}
+              "memory_budget_gib": budget_gib, "decode_rounds": rounds,
+              "default_scheme": DEFAULT_SCHEME,
+              "accuracy_problems": 3 * accuracy if "accuracy" in ref else 0,
+              "window_bytes_at_context_tokens": tokens}
     for name, row in rows.items():
         fp8_row = name != "bf16"
-        b = bytes_per_token(info, fp8_row)
+        win = 64 if name == "int8_win64" else 0  # win_all: a measuring device, not a scheme
+        b = round(bytes_per_token(info, fp8_row, win, tokens))
         row["bytes_per_token"] = b
         row["tokens_in_budget"] = int(budget_gib * 2**30 // b)
         if fp8_row:
@@ -224,15 +281,20 @@ def run(tokens: int = 2000, budget_gib: float = 1.0, rounds: int = 5,
             row["kl"] = max(x["kl"] for x in row["by_text"].values())
             row["top1_agreement"] = min(x["top1_agreement"] for x in row["by_text"].values())
             row["greedy_agreement"] = sum(a == g for a, g in zip(row["_greedy"], ref["_greedy"])) / len(PROMPTS)
+            if "_answers" in row:
+                row["accuracy_delta"] = round(row["accuracy"] - ref["accuracy"], 4)
+                row["answers_differ"] = round(sum(
+                    a != b for a, b in zip(row["_answers"], ref["_answers"])) / len(row["_answers"]), 4)
     for row in rows.values():
-        row.pop("_logprobs"), row.pop("_greedy")
+        row.pop("_logprobs"), row.pop("_greedy"), row.pop("_answers", None)
     report.update(rows)
     report["bytes_per_token_ratio_vs_16bit"] = round(rows["per_token"]["bytes_per_token"] / ref["bytes_per_token"], 4)
     report["schemes"] = {name: {
         "bytes_ratio_vs_16bit": round(row["bytes_per_token"] / ref["bytes_per_token"], 4),
         "kl": row["kl"], "top1_agreement": row["top1_agreement"], "by_text": row["by_text"],
         "decode_ratio": row["decode_ratio"], "decode_ratio_spread": row["decode_ratio_spread"],
-        "context_tokens": report["teacher_forced_tokens"]}
+        "context_tokens": report["teacher_forced_tokens"],
+        **({"accuracy_delta": row["accuracy_delta"]} if "accuracy_delta" in row else {})}
         for name, row in rows.items() if name != "bf16"}
     return report
 
@@ -242,22 +304,25 @@ def table(r: dict) -> str:
     lines = [f"{'row':22} {'B/token':>8} {'tokens/GiB':>11} "
              + " ".join(f"{t[:9] + ' KL':>12} {t[:9] + ' top1':>14}" for t in texts)
              + f" {'greedy':>7} {'decode x':>9} {'spread':>7}"]
-    for name in ("bf16", "per_tensor", "per_tensor_calibrated", "per_token", "int8_per_token"):
+    for name in ROWS:
         x = r[name]
         by_text = x.get("by_text", {t: {"kl": 0.0, "top1_agreement": 1.0} for t in texts})
         lines.append(f"{name:22} {x['bytes_per_token']:>8} {x['tokens_in_budget']:>11} "
                      + " ".join(f"{by_text[t]['kl']:>12.5f} {by_text[t]['top1_agreement']:>14.4f}"
                                 for t in texts)
                      + f" {x.get('greedy_agreement', 1):>7.2f} {x['decode_ratio']:>9.3f} "
-                     f"{x['decode_ratio_spread']:>7.3f}")
+                     f"{x['decode_ratio_spread']:>7.3f}"
+                     + (f"  accuracy {x['accuracy']:.3f}" if "accuracy" in x else ""))
     lines.append(f"model {r['model_name']}; bytes per token, per-token vs 16-bit: "
                  f"{r['bytes_per_token_ratio_vs_16bit']}; teacher-forced positions: "
                  + ", ".join(f"{t} {n}" for t, n in r["context_tokens"].items())
-                 + f"; decode: median of {r['decode_rounds']} rounds")
+                 + f"; decode: median of {r['decode_rounds']} rounds; default scheme "
+                 f"{r['default_scheme']}")
     return "\n".join(lines)
 
 
 def main(args) -> int:
-    report = run(tokens=args.tokens, rounds=args.rounds, model_name=args.model)
+    report = run(tokens=args.tokens, rounds=args.rounds, model_name=args.model,
+                 accuracy=args.accuracy)
     publish(report, table(report), args.json)
     return 0
