@@ -60,15 +60,17 @@ def parse(text: str) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class Reads:
-    """16-bit rows to put over gathered rows: ``rows[dest] = window.k[layer][lane, idx]``."""
+    """16-bit rows to put over gathered rows: ``rows[dest] = window.k[layer][lane, idx]``, as
+    flat indices (``src = lane * entries + idx``): index_select and index_copy_ are several
+    times faster on CPU than advanced indexing, and this runs twice per layer per step."""
 
     dest: torch.Tensor
-    lane: torch.Tensor
-    idx: torch.Tensor
+    src: torch.Tensor
 
     def apply(self, rows: torch.Tensor, store: torch.Tensor) -> torch.Tensor:
         if self.dest.numel():
-            rows[self.dest] = store[self.lane, self.idx].to(rows.dtype)
+            flat = store.view(-1, *store.shape[2:])
+            rows.index_copy_(0, self.dest, flat.index_select(0, self.src).to(rows.dtype))
         return rows
 
 
@@ -78,6 +80,7 @@ class _Write:
     sel: torch.Tensor  # which of the new tokens enter an entry
     lane: torch.Tensor
     idx: torch.Tensor
+    flat: torch.Tensor  # lane * entries + idx
     carry_lane: torch.Tensor  # old entries an extend reads, saved before the write
     carry_idx: torch.Tensor
 
@@ -174,7 +177,8 @@ class KVWindow:
             self.extend_rows.append(ExtendRows(want, first))
             first += want.numel()
         empty = torch.zeros(0, dtype=torch.int64)
-        self._write = _Write(locs.clone(), sel, lane_of[sel], self._entry(pos[sel]),
+        lane, idx = lane_of[sel], self._entry(pos[sel])
+        self._write = _Write(locs.clone(), sel, lane, idx, lane * self.entries + idx,
                              torch.cat(carry_lane) if carry_lane else empty,
                              torch.cat(carry_idx) if carry_idx else empty)
         self.tag[self._write.lane, self._write.idx] = locs[sel].long()
@@ -194,8 +198,9 @@ class KVWindow:
             self._allocate(k.dtype)
         self.carry_k = self.k[layer][w.carry_lane, w.carry_idx]
         self.carry_v = self.v[layer][w.carry_lane, w.carry_idx]
-        self.k[layer][w.lane, w.idx] = k[w.sel].to(self.dtype)
-        self.v[layer][w.lane, w.idx] = v[w.sel].to(self.dtype)
+        for store, new in ((self.k[layer], k), (self.v[layer], v)):
+            store.view(-1, *store.shape[2:]).index_copy_(0, w.flat,
+                                                         new.index_select(0, w.sel).to(self.dtype))
         self.fresh_k, self.fresh_v = k, v
 
     # -- 3. reads -------------------------------------------------------------------------------
@@ -224,13 +229,13 @@ class KVWindow:
         p = torch.tensor(shared).unsqueeze(1)
         entry = torch.arange(self.entries).expand_as(pos)
         batch = torch.arange(len(lanes)).unsqueeze(1).expand_as(pos)
+        src = lane.unsqueeze(1) * self.entries + entry
         s = ok & (col >= p)
-        suffix = Reads(batch[s] * width + (col - p)[s], lane.unsqueeze(1).expand_as(pos)[s],
-                       entry[s])
+        suffix = Reads(batch[s] * width + (col - p)[s], src[s])
         prefix = []
         for b in range(len(lanes)):
             m = ok[b] & (col[b] < p[b])
-            prefix.append(Reads(col[b][m], torch.full((int(m.sum()),), lanes[b]), entry[b][m]))
+            prefix.append(Reads(col[b][m], src[b][m]))
         return suffix, prefix
 
 
