@@ -9,8 +9,9 @@ from __future__ import annotations
 import importlib
 import warnings
 
-# SGLang reads every SGL_* variable as a deprecated alias of SGLANG_*; ours is not one.
-warnings.filterwarnings("ignore", message="Environment variable SGL_REASON_HOME is deprecated")
+# SGLang reads every SGL_* variable as a deprecated alias of SGLANG_* and warns that it should
+# be renamed; ours (SGL_REASON_*: flags exported to the scheduler, paths) are not aliases.
+warnings.filterwarnings("ignore", message=r"Environment variable SGL_REASON_\w+ is deprecated")
 
 __version__ = "0.1.0"
 
