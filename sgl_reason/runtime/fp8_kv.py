@@ -65,6 +65,9 @@ CODE_DTYPES = {"e4m3": FP8, "int8": torch.int8}
 # --kv-cache-dtype values this plugin adds (vLLM's names): the codes of each
 KV_CACHE_DTYPES = {"fp8_per_token_head": "e4m3", "int8_per_token_head": "int8"}
 SCALE_DTYPE = torch.bfloat16
+# --kv-full-precision-tokens when a per-token pool is read by the CPU attention and the flag is
+# not given: int8 + the last 64 tokens at 16 bits is the measured default (docs/benchmarks.md)
+DEFAULT_WINDOW = "0,64"
 SUPPORTED = {"kv_cache_dtype": ("fp8_e4m3",), "attention_backend": ("torch_native", "triton")}
 
 
@@ -291,9 +294,10 @@ def add_cli_flag(parser: argparse.ArgumentParser) -> None:
         "--kv-full-precision-tokens", default=None, metavar="S,W",
         action=export_to(kv_window.ENV),
         help="(sgl-reason) with a per-token KV pool, keep a 16-bit copy of each request's first "
-             "S and last W tokens, which attention reads instead of their codes (0,0: off). "
-             f"One copy per running request: --max-running-requests defaults to "
-             f"{kv_window.DEFAULT_LANES} with it",
+             "S and last W tokens, which attention reads instead of their codes (0,0: off; "
+             f"default {DEFAULT_WINDOW} with --attention-backend torch_native). One copy per "
+             f"running request: --max-running-requests defaults to {kv_window.DEFAULT_LANES} "
+             "with it",
     )
     for action in parser._actions:  # the plugin's code formats join SGLang's KV dtypes
         if "--kv-cache-dtype" in action.option_strings and action.choices is not None:
@@ -305,20 +309,41 @@ def add_cli_flag(parser: argparse.ArgumentParser) -> None:
 def prepare(server_args) -> None:
     """``--kv-cache-dtype int8_per_token_head`` / ``fp8_per_token_head``: the per-token pool with
     those codes, stored in SGLang's 1-byte KV layout (its ``fp8_e4m3``), exported to the
-    scheduler through the environment like ``--kv-scale``."""
-    text = os.environ.get(kv_window.ENV)
-    if text is not None and any(kv_window.parse(text)) and server_args.max_running_requests is None:
-        server_args.max_running_requests = kv_window.DEFAULT_LANES  # one window lane each
+    scheduler through the environment like ``--kv-scale``. A per-token pool read by the CPU
+    attention gets the measured default window (:data:`DEFAULT_WINDOW`) unless
+    ``--kv-full-precision-tokens`` is given."""
     name = server_args.kv_cache_dtype
-    if name not in KV_CACHE_DTYPES:
-        return
-    if os.environ.get(ENV) == "per-tensor":
-        raise ValueError(f"--kv-cache-dtype {name} has one scale per token and head; drop "
-                         "--kv-scale per-tensor (or use --kv-cache-dtype fp8_e4m3 for SGLang's "
-                         "per-tensor FP8)")
-    os.environ[ENV] = "per-token"
-    os.environ[CODES_ENV] = KV_CACHE_DTYPES[name]
-    server_args.kv_cache_dtype = "fp8_e4m3"
+    if name in KV_CACHE_DTYPES:
+        if os.environ.get(ENV) == "per-tensor":
+            raise ValueError(f"--kv-cache-dtype {name} has one scale per token and head; drop "
+                             "--kv-scale per-tensor (or use --kv-cache-dtype fp8_e4m3 for "
+                             "SGLang's per-tensor FP8)")
+        os.environ[ENV] = "per-token"
+        os.environ[CODES_ENV] = KV_CACHE_DTYPES[name]
+        server_args.kv_cache_dtype = "fp8_e4m3"
+    if (kv_window.ENV not in os.environ and mode() == "per-token"
+            and not _window_obstacles(server_args)):
+        os.environ[kv_window.ENV] = DEFAULT_WINDOW
+    text = os.environ.get(kv_window.ENV)
+    if (text is not None and any(kv_window.parse(text))
+            and getattr(server_args, "max_running_requests", None) is None):
+        server_args.max_running_requests = kv_window.DEFAULT_LANES  # one window lane each
+
+
+def _window_obstacles(server_args) -> list[str]:
+    """What keeps this launch from reading a 16-bit window (empty: nothing)."""
+    from sgl_reason.runtime import cpu_attention
+
+    problems = []
+    backend = getattr(server_args, "attention_backend", None)
+    if backend != "torch_native":
+        problems.append(f"--attention-backend {backend} (the window is "
+                        "read by sgl-reason's CPU attention for torch_native)")
+    if not cpu_attention.enabled():
+        problems.append(f"{cpu_attention.ENV}=0 (stock attention would read codes only)")
+    if getattr(server_args, "speculative_algorithm", None):
+        problems.append(f"--speculative-algorithm {server_args.speculative_algorithm}")
+    return problems
 
 
 def validate_window(server_args) -> None:
@@ -326,19 +351,10 @@ def validate_window(server_args) -> None:
     text = os.environ.get(kv_window.ENV)
     if text is None or not any(kv_window.parse(text)):
         return
-    problems = []
+    problems = _window_obstacles(server_args)
     if not uses_pool():
-        problems.append("a 16-bit KV pool (add --kv-cache-dtype int8_per_token_head or "
-                        "fp8_per_token_head)")
-    if server_args.attention_backend != "torch_native":
-        problems.append(f"--attention-backend {server_args.attention_backend} (the window is "
-                        "read by sgl-reason's CPU attention for torch_native)")
-    from sgl_reason.runtime import cpu_attention
-
-    if not cpu_attention.enabled():
-        problems.append(f"{cpu_attention.ENV}=0 (stock attention would read codes only)")
-    if getattr(server_args, "speculative_algorithm", None):
-        problems.append(f"--speculative-algorithm {server_args.speculative_algorithm}")
+        problems.insert(0, "a 16-bit KV pool (add --kv-cache-dtype int8_per_token_head or "
+                           "fp8_per_token_head)")
     if problems:
         raise ValueError(f"--kv-full-precision-tokens {text} does not support "
                          f"{'; '.join(problems)}. Supported: a per-token pool "

@@ -207,14 +207,14 @@ class KVWindow:
 
     def decode_reads(self, rows: torch.Tensor, seq_lens: list[int], lanes: list[int],
                      holes: list[tuple[int, int] | None] | None, shared: list[int], width: int
-                     ) -> tuple[Reads, list[Reads]]:
+                     ) -> tuple[Reads, list[Reads | None]]:
         """Where each decode request's window entries land in the gathered rows.
 
         ``rows``/``seq_lens``: the requests' rows before any released hole is closed;
         ``shared``: each request's shared-prefix length in the plan and ``width`` its suffix
         width (rows are gathered as [B, width] suffixes plus one prefix per group). Returns
         the suffix reads (dest = b * width + column) and, per request, reads into its group's
-        prefix (sinks; dest = column)."""
+        prefix (sinks; dest = column; None without sinks)."""
         lane = torch.tensor(lanes)
         n = torch.tensor(seq_lens).unsqueeze(1)
         tag, pos = self.tag[lane], self.pos[lane]  # [B, E]
@@ -232,10 +232,12 @@ class KVWindow:
         src = lane.unsqueeze(1) * self.entries + entry
         s = ok & (col >= p)
         suffix = Reads(batch[s] * width + (col - p)[s], src[s])
-        prefix = []
+        prefix: list[Reads | None] = [None] * len(lanes)
+        if not self.sink:  # the plan keeps each request's last W columns out of shared prefixes
+            return suffix, prefix
         for b in range(len(lanes)):
             m = ok[b] & (col[b] < p[b])
-            prefix.append(Reads(col[b][m], src[b][m]))
+            prefix[b] = Reads(col[b][m], src[b][m])
         return suffix, prefix
 
 
