@@ -65,9 +65,6 @@ CODE_DTYPES = {"e4m3": FP8, "int8": torch.int8}
 # --kv-cache-dtype values this plugin adds (vLLM's names): the codes of each
 KV_CACHE_DTYPES = {"fp8_per_token_head": "e4m3", "int8_per_token_head": "int8"}
 SCALE_DTYPE = torch.bfloat16
-# --kv-full-precision-tokens when a per-token pool is read by the CPU attention and the flag is
-# not given: int8 + the last 64 tokens at 16 bits is the measured default (docs/benchmarks.md)
-DEFAULT_WINDOW = "0,64"
 SUPPORTED = {"kv_cache_dtype": ("fp8_e4m3",), "attention_backend": ("torch_native", "triton")}
 
 
@@ -294,10 +291,9 @@ def add_cli_flag(parser: argparse.ArgumentParser) -> None:
         "--kv-full-precision-tokens", default=None, metavar="S,W",
         action=export_to(kv_window.ENV),
         help="(sgl-reason) with a per-token KV pool, keep a 16-bit copy of each request's first "
-             "S and last W tokens, which attention reads instead of their codes (0,0: off; "
-             f"default {DEFAULT_WINDOW} with --attention-backend torch_native). One copy per "
-             f"running request: --max-running-requests defaults to {kv_window.DEFAULT_LANES} "
-             "with it",
+             "S and last W tokens, which attention reads instead of their codes (default "
+             f"0,0: off). One copy per running request: --max-running-requests defaults to "
+             f"{kv_window.DEFAULT_LANES} with it",
     )
     for action in parser._actions:  # the plugin's code formats join SGLang's KV dtypes
         if "--kv-cache-dtype" in action.option_strings and action.choices is not None:
@@ -309,9 +305,7 @@ def add_cli_flag(parser: argparse.ArgumentParser) -> None:
 def prepare(server_args) -> None:
     """``--kv-cache-dtype int8_per_token_head`` / ``fp8_per_token_head``: the per-token pool with
     those codes, stored in SGLang's 1-byte KV layout (its ``fp8_e4m3``), exported to the
-    scheduler through the environment like ``--kv-scale``. A per-token pool read by the CPU
-    attention gets the measured default window (:data:`DEFAULT_WINDOW`) unless
-    ``--kv-full-precision-tokens`` is given."""
+    scheduler through the environment like ``--kv-scale``."""
     name = server_args.kv_cache_dtype
     if name in KV_CACHE_DTYPES:
         if os.environ.get(ENV) == "per-tensor":
@@ -321,9 +315,6 @@ def prepare(server_args) -> None:
         os.environ[ENV] = "per-token"
         os.environ[CODES_ENV] = KV_CACHE_DTYPES[name]
         server_args.kv_cache_dtype = "fp8_e4m3"
-    if (kv_window.ENV not in os.environ and mode() == "per-token"
-            and not _window_obstacles(server_args)):
-        os.environ[kv_window.ENV] = DEFAULT_WINDOW
     text = os.environ.get(kv_window.ENV)
     if (text is not None and any(kv_window.parse(text))
             and getattr(server_args, "max_running_requests", None) is None):

@@ -227,16 +227,16 @@ def test_per_token_server_generates_and_refuses_bad_flags():
 def test_int8_per_token_head_server_reads_what_16_bit_reads():
     """``--kv-cache-dtype int8_per_token_head`` (vLLM's name) builds the int8 pool, and its
     next-token distributions along a teacher-forced text stay close to the 16-bit server's;
-    with its default 16-bit window of the last 64 tokens closer."""
+    with a 16-bit window of the last 64 tokens (``--kv-full-precision-tokens 0,64``) closer."""
     from sgl_reason import EmbeddedRuntime
     from sgl_reason.bench.fp8_kv import gsm8k_text, kl_and_top1, top_logprobs
 
     text = gsm8k_text(40, 300)
     int8 = ["--kv-cache-dtype", "int8_per_token_head"]
-    with EmbeddedRuntime(extra_args=[*int8, "--kv-full-precision-tokens", "0,0"]) as rt:
+    with EmbeddedRuntime(extra_args=int8) as rt:
         started = rt.server.tail(10_000)  # the start-up log, the pool's line in it
         ours = top_logprobs(rt, text)
-    with EmbeddedRuntime(extra_args=int8) as rt:  # the default window
+    with EmbeddedRuntime(extra_args=[*int8, "--kv-full-precision-tokens", "0,64"]) as rt:
         windowed = top_logprobs(rt, text)
         greedy = rt.generate("<|im_start|>user\nCount to ten.<|im_end|>\n<|im_start|>assistant\n",
                              max_new_tokens=80, temperature=0, ignore_eos=True)  # past the ring

@@ -175,28 +175,3 @@ def test_flag_parsing_and_launch_refusals(monkeypatch):
     env.pop(fp8_kv.ENV), env.pop(fp8_kv.CODES_ENV)
     with pytest.raises(ValueError, match="a 16-bit KV pool.*add --kv-cache-dtype int8_per_token_head"):
         fp8_kv.validate(SimpleNamespace(kv_cache_dtype="auto", attention_backend="torch_native"))
-
-
-def test_default_window_only_where_the_cpu_attention_reads_it(monkeypatch):
-    """A per-token pool on torch_native gets the measured default window; an explicit 0,0 keeps
-    it off; the Triton backend (which does not read a window) gets none, and a launch there
-    still passes validation."""
-    def launch(env_extra: dict, **kw):
-        env = {k: v for k, v in os.environ.items()
-               if k not in (fp8_kv.ENV, fp8_kv.CODES_ENV, kv_window.ENV)}
-        env.update(env_extra)
-        monkeypatch.setattr(os, "environ", env)
-        args = SimpleNamespace(**{"kv_cache_dtype": "int8_per_token_head",
-                                  "max_running_requests": None,
-                                  "attention_backend": "torch_native",
-                                  "disable_cuda_graph": True, **kw})
-        fp8_kv.prepare(args)
-        fp8_kv.validate(args)
-        return env.get(kv_window.ENV), args.max_running_requests
-
-    assert launch({}) == (fp8_kv.DEFAULT_WINDOW, kv_window.DEFAULT_LANES)
-    assert launch({}, max_running_requests=16) == (fp8_kv.DEFAULT_WINDOW, 16)
-    assert launch({kv_window.ENV: "0,0"}) == ("0,0", None)
-    assert launch({}, attention_backend="triton") == (None, None)
-    assert launch({}, kv_cache_dtype="auto") == (None, None)  # 16-bit KV: no pool, no window
-    assert launch({cpu_attention.ENV: "0"}) == (None, None)
