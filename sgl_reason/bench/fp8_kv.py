@@ -244,14 +244,14 @@ def run(tokens: int = 2000, budget_gib: float = 1.0, rounds: int = 7,
             "int8_win64": (None, [*int8, window, "0,64"]),
             "int8_win_all": (None, [*int8, *WINDOW_ALL]),
         }
-        # every row's server sets its own window (none: 0,0), never the product default
+        # every row's server names its window (none: 0,0), whatever the environment holds
         configs = {name: (env, extra if window in extra or name == "bf16" else
                           [*extra, window, "0,0"]) for name, (env, extra) in configs.items()}
         # all up at once (an idle server takes no CPU here), so decode speed is measured
         # in turns rather than minutes apart
         servers = {name: stack.enter_context(EmbeddedRuntime(
             model=model_name, extra_args=[*extra, "--max-total-tokens", str(POOL_TOKENS),
-                                          # the pool is set above; with six servers up, the
+                                          # the pool is set above; with seven servers up, the
                                           # free-memory check at load needs more than 0.05
                                           "--mem-fraction-static", "0.2"],
             env=env)) for name, (env, extra) in configs.items()}

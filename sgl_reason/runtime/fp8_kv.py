@@ -292,7 +292,7 @@ def add_cli_flag(parser: argparse.ArgumentParser) -> None:
         action=export_to(kv_window.ENV),
         help="(sgl-reason) with a per-token KV pool, keep a 16-bit copy of each request's first "
              "S and last W tokens, which attention reads instead of their codes (default "
-             f"0,0: off). One copy per running request: --max-running-requests defaults to "
+             "0,0: off). One copy per running request: --max-running-requests defaults to "
              f"{kv_window.DEFAULT_LANES} with it",
     )
     for action in parser._actions:  # the plugin's code formats join SGLang's KV dtypes
