@@ -79,9 +79,7 @@ class Reads:
 class _Write:
     locs: torch.Tensor  # the batch's out_cache_loc, to check each layer's write against
     sel: torch.Tensor  # which of the new tokens enter an entry
-    lane: torch.Tensor
-    idx: torch.Tensor
-    flat: torch.Tensor  # lane * entries + idx
+    flat: torch.Tensor  # and where: lane * entries + entry
     carry_lane: torch.Tensor  # old entries an extend reads, saved before the write
     carry_idx: torch.Tensor
 
@@ -179,11 +177,11 @@ class KVWindow:
             first += want.numel()
         empty = torch.zeros(0, dtype=torch.int64)
         lane, idx = lane_of[sel], self._entry(pos[sel])
-        self._write = _Write(locs.clone(), sel, lane, idx, lane * self.entries + idx,
+        self._write = _Write(locs.clone(), sel, lane * self.entries + idx,
                              torch.cat(carry_lane) if carry_lane else empty,
                              torch.cat(carry_idx) if carry_idx else empty)
-        self.tag[self._write.lane, self._write.idx] = locs[sel].long()
-        self.pos[self._write.lane, self._write.idx] = pos[sel]
+        self.tag[lane, idx] = locs[sel].long()
+        self.pos[lane, idx] = pos[sel]
 
     # -- 2. every layer -------------------------------------------------------------------------
 
