@@ -35,6 +35,8 @@ from dataclasses import dataclass
 import torch
 from torch.nn.functional import scaled_dot_product_attention
 
+from sgl_reason.runtime.thinking_kv.columns import close_rows
+
 logger = logging.getLogger(__name__)
 
 ENV = "SGL_REASON_CPU_ATTENTION"
@@ -54,6 +56,7 @@ class DecodePlan:
     suffix_mask: torch.Tensor  # [B, S] True where suffix_slots is real
     shared: list[int]  # each request's shared-prefix length (its group's P)
     window: tuple | None = None  # 16-bit reads (kv_window): suffix Reads, per-group prefix Reads
+    scoring: tuple | None = None  # (batch positions, ScoreBooks): thinking_kv.scoring observes
 
 
 def plan_decode(rows: torch.Tensor, seq_lens: list[int], min_suffix: int = 1) -> DecodePlan:
@@ -89,34 +92,19 @@ def plan_decode(rows: torch.Tensor, seq_lens: list[int], min_suffix: int = 1) ->
 
 
 def plan_decode_batch(req_to_token: torch.Tensor, lanes: list[int], seq_lens: list[int],
-                      holes=None, window=None) -> DecodePlan:
-    """The plan of one decode batch: rows closed over released holes, grouped by shared
-    prefix, and where a KV window (``kv_window.KVWindow``, already planned) puts its rows."""
+                      freed=None, window=None, scoring=None) -> DecodePlan:
+    """The plan of one decode batch: rows closed over freed thinking-KV columns, grouped by
+    shared prefix, where a KV window (``kv_window.KVWindow``, already planned) puts its rows,
+    and which requests' attention is observed (``scoring``; their rows have no freed column)."""
     rows = req_to_token[torch.tensor(lanes)]
-    closed, lens = (close_holes(rows, seq_lens, holes) if holes else (rows, seq_lens))
+    closed, lens = (close_rows(rows, seq_lens, freed) if freed else (rows, seq_lens))
     plan = plan_decode(closed, lens, window.window if window is not None else 1)
-    if window is None:
-        return plan
-    reads = window.decode_reads(rows, seq_lens, lanes, holes, plan.shared,
-                                plan.suffix_slots.shape[1])
-    return DecodePlan(plan.groups, plan.suffix_slots, plan.suffix_mask, plan.shared, reads)
-
-
-def close_holes(rows: torch.Tensor, seq_lens: list[int],
-                holes: list[tuple[int, int] | None]) -> tuple[torch.Tensor, list[int]]:
-    """Rows without their released columns ``[lo, hi)`` (thinking-KV release), shifted left.
-
-    Attention is a sum over keys whose positions RoPE fixed when they were written, so reading
-    a row without its hole is exact; the query keeps its logical position."""
-    rows, seq_lens = rows.clone(), list(seq_lens)
-    for i, hole in enumerate(holes):
-        if hole is None:
-            continue
-        lo, hi = hole
-        n = seq_lens[i]
-        rows[i, lo:n - (hi - lo)] = rows[i, hi:n].clone()
-        seq_lens[i] = n - (hi - lo)
-    return rows, seq_lens
+    reads = None
+    if window is not None:
+        reads = window.decode_reads(rows, seq_lens, lanes, freed, plan.shared,
+                                    plan.suffix_slots.shape[1])
+    return DecodePlan(plan.groups, plan.suffix_slots, plan.suffix_mask, plan.shared, reads,
+                      scoring)
 
 
 def _partial(q, k, v, scale, mask=None):
@@ -126,7 +114,7 @@ def _partial(q, k, v, scale, mask=None):
         scores = scores.masked_fill(~mask[:, None, None, :], float("-inf"))
     m = scores.amax(dim=-1, keepdim=True)
     e = torch.exp(scores - m)
-    return torch.matmul(e, v), m, e.sum(dim=-1, keepdim=True)
+    return torch.matmul(e, v), m, e.sum(dim=-1, keepdim=True), e
 
 
 def _rows(cache, slots: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
@@ -155,7 +143,8 @@ def shared_prefix_decode(query, k_cache, v_cache, plan: DecodePlan, scale: float
     # index_select, not k_cache[idx]: advanced indexing is ~50x slower on CPU here
     ks = _window_rows(k_cache, flat, suffix_reads).view(batch, width, hkv, d).transpose(1, 2)
     vs = _window_rows(v_cache, flat, suffix_reads).view(batch, width, hkv, d).transpose(1, 2)
-    out, m, l = _partial(q, ks, vs, scale, plan.suffix_mask)
+    out, m, l, e = _partial(q, ks, vs, scale, plan.suffix_mask)
+    m_suffix = m.clone() if plan.scoring is not None else None
 
     for group in plan.groups:
         p = group.prefix_slots.numel()
@@ -166,7 +155,7 @@ def shared_prefix_decode(query, k_cache, v_cache, plan: DecodePlan, scale: float
         kp = _window_rows(k_cache, group.prefix_slots, reads).transpose(0, 1)  # [Hkv, P, D]
         vp = _window_rows(v_cache, group.prefix_slots, reads).transpose(0, 1)
         qg = q[g].permute(1, 0, 2, 3).reshape(1, hkv, len(g) * rep, d)  # all group queries
-        o2, m2, l2 = _partial(qg, kp.unsqueeze(0), vp.unsqueeze(0), scale)
+        o2, m2, l2, _ = _partial(qg, kp.unsqueeze(0), vp.unsqueeze(0), scale)
         o2 = o2.view(hkv, len(g), rep, d).permute(1, 0, 2, 3)
         m2 = m2.view(hkv, len(g), rep, 1).permute(1, 0, 2, 3)
         l2 = l2.view(hkv, len(g), rep, 1).permute(1, 0, 2, 3)
@@ -174,6 +163,10 @@ def shared_prefix_decode(query, k_cache, v_cache, plan: DecodePlan, scale: float
         mt = torch.maximum(m1, m2)
         a1, a2 = torch.exp(m1 - mt), torch.exp(m2 - mt)
         out[g], l[g], m[g] = o1 * a1 + o2 * a2, l1 * a1 + l2 * a2, mt
+    if plan.scoring is not None:
+        from sgl_reason.runtime.thinking_kv.scoring import record
+
+        record(plan.scoring, e, m_suffix, m, l, plan.shared, plan.suffix_mask.sum(dim=1))
     return (out / l).reshape(batch, hq, d)
 
 
@@ -296,8 +289,8 @@ def install() -> bool:
 
     def init_forward_metadata(self, forward_batch):
         stock_init(self, forward_batch)
-        self._sgl_reason_plan, self._sgl_reason_holes = None, False
-        holes = getattr(forward_batch, "sgl_reason_holes", None)
+        self._sgl_reason_plan, self._sgl_reason_freed = None, False
+        freed = getattr(forward_batch, "sgl_reason_freed", None)
         window = getattr(self.token_to_kv_pool, "kv_window", None)
         mode = forward_batch.forward_mode
         if window is not None:
@@ -305,9 +298,10 @@ def install() -> bool:
         if mode.is_decode() and forward_batch.encoder_lens is None:
             self._sgl_reason_plan = plan_decode_batch(
                 self.req_to_token_pool.req_to_token, forward_batch.req_pool_indices.tolist(),
-                forward_batch.seq_lens.tolist(), holes, window)
-            self._sgl_reason_holes = bool(holes)
-        elif holes:
+                forward_batch.seq_lens.tolist(), freed, window,
+                getattr(forward_batch, "sgl_reason_scoring", None))
+            self._sgl_reason_freed = bool(freed)
+        elif freed:
             raise RuntimeError("sgl-reason: a request with released thinking KV reached a "
                                f"{forward_batch.forward_mode} forward, which cannot skip it")
 
@@ -318,7 +312,7 @@ def install() -> bool:
         if (plan is None or encoder_lens is not None or is_cross_attn
                 or (sliding_window_size is not None and sliding_window_size > -1)
                 or plan.suffix_slots.shape[0] != query.shape[0]):
-            if getattr(self, "_sgl_reason_holes", False):
+            if getattr(self, "_sgl_reason_freed", False):
                 raise RuntimeError("sgl-reason: released thinking KV reached stock decode "
                                    "attention, which would read the freed slots")
             _refuse_window(k_cache, "cross attention, encoders or sliding windows")

@@ -205,11 +205,12 @@ class KVWindow:
     # -- 3. reads -------------------------------------------------------------------------------
 
     def decode_reads(self, rows: torch.Tensor, seq_lens: list[int], lanes: list[int],
-                     holes: list[tuple[int, int] | None] | None, shared: list[int], width: int
+                     freed: list[torch.Tensor | None] | None, shared: list[int], width: int
                      ) -> tuple[Reads, list[Reads | None]]:
         """Where each decode request's window entries land in the gathered rows.
 
-        ``rows``/``seq_lens``: the requests' rows before any released hole is closed;
+        ``rows``/``seq_lens``: the requests' rows before their freed thinking-KV columns are
+        closed (``freed``: per request, sorted freed columns or None);
         ``shared``: each request's shared-prefix length in the plan and ``width`` its suffix
         width (rows are gathered as [B, width] suffixes plus one prefix per group). Returns
         the suffix reads (dest = b * width + column) and, per request, reads into its group's
@@ -220,11 +221,15 @@ class KVWindow:
         ok = (tag >= 0) & (pos < n) & self._kept(pos, n)
         ok &= torch.gather(rows, 1, pos.clamp(0, rows.shape[1] - 1)).long() == tag
         col = pos.clone()
-        if holes:
-            lo = torch.tensor([h[0] if h else 0 for h in holes]).unsqueeze(1)
-            hi = torch.tensor([h[1] if h else 0 for h in holes]).unsqueeze(1)
-            ok &= ~((pos >= lo) & (pos < hi))
-            col = torch.where(pos >= hi, pos - (hi - lo), pos)
+        if freed:
+            from sgl_reason.runtime.thinking_kv.columns import freed_mask
+
+            mask = freed_mask(freed, rows.shape[1])
+            at = pos.clamp(0, rows.shape[1] - 1)
+            gone = torch.gather(mask, 1, at)
+            before = torch.gather(mask.cumsum(1), 1, at) - gone.long()  # freed columns < pos
+            ok &= ~gone
+            col = pos - before
         p = torch.tensor(shared).unsqueeze(1)
         entry = torch.arange(self.entries).expand_as(pos)
         batch = torch.arange(len(lanes)).unsqueeze(1).expand_as(pos)

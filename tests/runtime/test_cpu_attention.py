@@ -6,6 +6,8 @@ import torch
 from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 
 from sgl_reason.runtime import cpu_attention
+from sgl_reason.runtime.thinking_kv.columns import close_rows
+from sgl_reason.runtime.thinking_kv.scoring import ScoreBook
 
 N, HKV, HQ, D = 6000, 3, 9, 64
 SCALE = D ** -0.5
@@ -66,31 +68,64 @@ def test_short_common_prefix_is_not_split():
     assert plan.suffix_mask.sum().item() == 12
 
 
-def test_decode_skips_released_holes_exactly():
-    """A row with released columns [lo, hi) attends exactly as a row that never had them."""
+def test_decode_skips_freed_columns_exactly():
+    """A row with freed columns (a run, and scattered ones as scored retention leaves them)
+    attends exactly as a row that never had them."""
     k, v, g = _cache(2)
     prefix = torch.randperm(N, generator=g)[:600]
     rows = torch.zeros(4, 2048, dtype=torch.int32)
-    seq, holes = [], []
+    seq, freed = [], []
     for i in range(4):
         r = torch.cat([prefix, torch.randint(0, N, (400 + 10 * i,), generator=g)])
         rows[i, :len(r)] = r.int()
         seq.append(len(r))
-        holes.append((604, 604 + 300) if i % 2 == 0 else None)  # two forks released thinking
+    run = torch.arange(604, 904)  # request 0: one run, the window-only rule
+    scattered = torch.sort(torch.randperm(300, generator=g)[:250] + 604).values  # request 2
+    freed = [run, None, scattered, None]  # two forks released thinking
     q = torch.randn(4, HQ, D, generator=g).bfloat16()
     before = rows.clone()
-    closed, closed_seq = cpu_attention.close_holes(rows, seq, holes)
+    closed, closed_seq = close_rows(rows, seq, freed)
     assert torch.equal(rows, before)  # the pool's own rows are left as they are
-    assert closed_seq == [s - (300 if h else 0) for s, h in zip(seq, holes)]
+    assert closed_seq == [s - (0 if f is None else f.numel()) for s, f in zip(seq, freed)]
     plan = cpu_attention.plan_decode(closed, closed_seq)
-    assert [grp.prefix_slots.numel() for grp in plan.groups] == [600]  # sharing survives holes
+    assert [grp.prefix_slots.numel() for grp in plan.groups] == [600]  # sharing survives
     out = cpu_attention.shared_prefix_decode(q, k, v, plan, SCALE)
     kept = torch.zeros_like(rows)
-    for i, h in enumerate(holes):  # the reference: rows built without the released slots
-        r = rows[i, :seq[i]]
-        r = torch.cat([r[:h[0]], r[h[1]:]]) if h else r
-        kept[i, :len(r)] = r
+    for i, f in enumerate(freed):  # the reference: rows built without the freed slots
+        cols = [c for c in range(seq[i]) if f is None or c not in set(f.tolist())]
+        kept[i, :len(cols)] = rows[i, cols]
     ref = TorchNativeAttnBackend._run_sdpa_forward_decode(
         None, q.clone(), torch.empty_like(q), k, v, kept, torch.arange(4),
         torch.tensor(closed_seq), scaling=SCALE, enable_gqa=True)
     torch.testing.assert_close(out, ref.float(), atol=2e-2, rtol=0)
+
+
+def test_decode_records_true_attention_probabilities_for_scored_requests():
+    """Scores are each observed request's softmax over its own columns (shared prefix merged
+    in), aggregated over heads by mean or max, summed over layers."""
+    k, v, g = _cache(3)
+    prefix = torch.randperm(N, generator=g)[:40]
+    rows = torch.zeros(3, 128, dtype=torch.int32)
+    seq = []
+    for i in range(3):
+        r = torch.cat([prefix, torch.randint(0, N, (30 + 5 * i,), generator=g)])
+        rows[i, :len(r)] = r.int()
+        seq.append(len(r))
+    q = torch.randn(3, HQ, D, generator=g).bfloat16()
+    books = [ScoreBook(4, "mean"), ScoreBook(4, "max")]
+    for book, b in zip(books, (0, 2)):
+        book.begin_step(seq[b])
+    base = cpu_attention.plan_decode(rows, seq)
+    assert base.shared == [40, 40, 40]  # the prefix is shared: scores cover the own suffix
+    plan = cpu_attention.DecodePlan(base.groups, base.suffix_slots, base.suffix_mask,
+                                    base.shared, None, (torch.tensor([0, 2]), books))
+    cpu_attention.shared_prefix_decode(q, k, v, plan, SCALE)
+    for book, b in zip(books, (0, 2)):
+        keys = k[rows[b, :seq[b]].long()].float()  # [L, Hkv, D]
+        qq = q[b].float().view(HKV, HQ // HKV, D)
+        p = torch.softmax(torch.einsum("hrd,lhd->hrl", qq, keys) * SCALE, dim=-1)
+        p = p.reshape(HQ, -1)
+        ref = p.mean(0) if book.reduce == "mean" else p.amax(0)
+        got = book.scores(seq[b])
+        assert torch.all(got[:40] == 0)  # tree-owned prefix: never released, never scored
+        torch.testing.assert_close(got[40:], ref[40:], atol=1e-5, rtol=1e-4)

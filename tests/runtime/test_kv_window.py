@@ -135,12 +135,17 @@ def test_entries_of_another_request_or_a_released_slot_are_not_read(monkeypatch)
     win.plan(reqs, [1], [40], [41], torch.tensor([320]), extend=False)
     suffix, _ = win.decode_reads(reqs[[1]], [41], [1], None, [0], 41)
     assert suffix.dest.tolist() == [40]  # only the token it wrote itself
-    # a released hole over positions 34..37 of the first request: those entries are skipped
+    # released columns 34..37 of the first request: those entries are skipped
     win.plan(seq.req_to_token, [1], [40], [41], seq.slots[40:41] if len(seq.slots) > 40
              else torch.tensor([140]), extend=False)
     seq.req_to_token[1, 40] = 140
-    suffix, _ = win.decode_reads(seq.req_to_token[[1]], [41], [1], [(34, 38)], [0], 37)
+    suffix, _ = win.decode_reads(seq.req_to_token[[1]], [41], [1], [torch.arange(34, 38)],
+                                 [0], 37)
     assert sorted(suffix.dest.tolist()) == [33, 34, 35, 36]  # positions 33, 38, 39, 40
+    # scattered freed columns (scored retention): 35 and 37 kept, 34, 36 and 38 freed
+    suffix, _ = win.decode_reads(seq.req_to_token[[1]], [41], [1], [torch.tensor([34, 36, 38])],
+                                 [0], 38)
+    assert sorted(suffix.dest.tolist()) == [33, 34, 35, 36, 37]  # 33, 35, 37, 39, 40 shifted
 
 
 def test_a_write_no_plan_announced_fails_loudly(monkeypatch):

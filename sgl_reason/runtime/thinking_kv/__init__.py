@@ -1,0 +1,132 @@
+"""Thinking-aware KV: a reasoning request's thinking KV is the first to go.
+
+One concern per module:
+
+| module      | concern |
+|-------------|---------|
+| ``policy``  | the per-server / per-request :class:`Policy`, which row columns a release frees (range table), a budgeted request's peak KV |
+| ``columns`` | freed-column bookkeeping: which columns of a live row went back to the allocator, never freed twice, rows read without them |
+| ``scoring`` | scored retention's observation window: attention paid to each thinking token by the last decode steps |
+| ``cache``   | the radix cache backend ``sgl-reason``: policies at finish, release while running |
+| ``admission`` | each request's policy or its 400; charging a releasing request its real peak |
+| ``metrics`` | Prometheus series |
+| ``launch``  | flags and launch-time refusals |
+
+:func:`install` (the ``sgl_reason`` plugin) wires them into SGLang's scheduler, batch and pool
+accounting; :func:`freed_for` and :func:`scoring_for` are what the attention backend reads.
+Per-request override, in ``sampling_params.custom_params``: ``thinking_kv_policy``,
+``thinking_kv_window``, ``thinking_kv_sink``, ``thinking_kv_keep``, ``thinking_kv_score``,
+``thinking_kv_observe``.
+"""
+
+from __future__ import annotations
+
+from sgl_reason.runtime.thinking_kv import cache as _cache
+from sgl_reason.runtime.thinking_kv.launch import BACKEND
+from sgl_reason.runtime.thinking_kv.policy import (
+    DEFAULT_OBSERVE,
+    DEFAULT_SINK,
+    DEFAULT_WINDOW,
+    POLICIES,
+    Policy,
+    columns_to_free,
+    parse_keep,
+    peak_output_kv,
+    release_span,
+)
+
+__all__ = ["BACKEND", "DEFAULT_OBSERVE", "DEFAULT_SINK", "DEFAULT_WINDOW", "POLICIES", "Policy",
+           "columns_to_free", "freed_for", "install", "parse_keep", "peak_output_kv",
+           "release_span", "scoring_for"]
+
+
+def freed_for(reqs):
+    """Per request of a batch, its freed columns (sorted int64 tensor or None); None when no
+    request has any."""
+    cache = _cache.current()
+    if cache is None or not cache.freed:
+        return None
+    freed = [cache.freed.of(req.kv) for req in reqs]
+    return freed if any(f is not None for f in freed) else None
+
+
+def scoring_for(reqs, seq_lens: list[int]):
+    """(batch positions, ScoreBooks) of a decode batch's observed requests, or None."""
+    cache = _cache.current()
+    return None if cache is None else cache.scoring_for(reqs, seq_lens)
+
+
+def install() -> None:
+    """Flags and validation (every process), the backend and its hooks (used by the scheduler)."""
+    from sglang.srt.managers import schedule_batch, scheduler
+    from sglang.srt.managers.scheduler_components import (
+        invariant_checker,
+        pool_stats_observer,
+    )
+    from sglang.srt.mem_cache.registry import (
+        get_radix_cache_factory,
+        register_radix_cache_backend,
+    )
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+
+    from sgl_reason.runtime.flags import wrap_server_args
+    from sgl_reason.runtime.thinking_kv import admission, launch
+
+    wrap_server_args("thinking_kv", launch.add_cli_flags, launch.validate, launch.prepare)
+    if get_radix_cache_factory(BACKEND) is None:
+        register_radix_cache_backend(BACKEND, _cache.build_cache)
+
+    req_cls = schedule_batch.Req
+    if getattr(req_cls, "_sgl_reason_kv_hooks", False):
+        return
+    stock_req_init = req_cls.__init__
+
+    def req_init(self, *args, **kwargs):
+        stock_req_init(self, *args, **kwargs)
+        admission.attach_state(self)
+
+    req_cls.__init__ = req_init
+
+    scheduler_cls = scheduler.Scheduler
+    stock_process = scheduler_cls.process_batch_result
+
+    def process_batch_result(self, batch, result, *args, **kwargs):
+        out = stock_process(self, batch, result, *args, **kwargs)
+        cache = _cache.current()
+        decode = batch.forward_mode.is_decode()
+        if cache is not None and self.tree_cache is cache and decode and cache.after_decode(
+                batch.reqs):
+            # SGLang stops admitting after a failed admission until a request leaves;
+            # released KV is room too, so admission is tried again.
+            self.running_batch.batch_is_full = False
+        return out
+
+    scheduler_cls.process_batch_result = process_batch_result
+
+    stock_init_new = ForwardBatch.init_new.__func__
+
+    def init_new(cls, batch, model_runner, **kwargs):
+        forward_batch = stock_init_new(cls, batch, model_runner, **kwargs)
+        forward_batch.sgl_reason_freed = freed_for(batch.reqs)
+        forward_batch.sgl_reason_scoring = (
+            scoring_for(batch.reqs, forward_batch.seq_lens.tolist())
+            if batch.forward_mode.is_decode() else None)
+        return forward_batch
+
+    ForwardBatch.init_new = classmethod(init_new)
+
+    admission.install_admission()
+
+    # SGLang's pool accounting (busy-time leak check, /v1/loads, metrics) counts a request's
+    # private KV as its row past the protected prefix; freed columns are not held any more.
+    stock_private = pool_stats_observer.kv_private_tokens
+
+    def kv_private_tokens(kv, page_size):
+        tokens = stock_private(kv, page_size)
+        cache = _cache.current()
+        return tokens - cache.released_slots(kv) if cache is not None else tokens
+
+    for module in (pool_stats_observer, invariant_checker):
+        if getattr(module, "kv_private_tokens", None) is stock_private:
+            module.kv_private_tokens = kv_private_tokens
+    req_cls._sgl_reason_kv_hooks = True

@@ -1,0 +1,211 @@
+"""The radix cache backend ``sgl-reason``: SGLang's UnifiedRadixCache plus the policies.
+
+| policy              | while the request runs                  | at finish                      |
+|---------------------|-----------------------------------------|--------------------------------|
+| ``keep``            | stock SGLang                            | stock: the whole sequence is inserted into the tree |
+| ``strip``           | stock                                   | only the prompt stays in the tree; thinking and answer KV are freed |
+| ``demote``          | stock                                   | inserted, but everything after the prompt is evicted before any other node |
+| ``release-on-answer``| once the end marker is generated, its thinking KV goes back to the allocator, but the sink, the window and (scored retention) the best-scored tokens | the rest is freed; nothing after the prompt enters the tree |
+
+Release (``after_decode``, hooked after ``Scheduler.process_batch_result``, once per row):
+
+| event                                    | window-only rule        | scored retention (``keep``)              |
+|------------------------------------------|-------------------------|------------------------------------------|
+| marker generated (output index m)        | release now             | one more step: the marker's query is observed |
+| release                                  | free ``release_span``   | free ``release_span`` less its K best-scored columns |
+
+Every path that frees a row range subtracts the row's freed columns (:meth:`free_kv_row`), so
+no slot is freed twice; a released row is barred from the tree (``skip_radix_cache_insert``:
+it is no longer a valid key), its prompt having entered at prefill. A retracted request comes
+back on a whole row and is released again after its re-prefill.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from sgl_reason.runtime.thinking_kv.columns import FreedColumns, runs
+from sgl_reason.runtime.thinking_kv.launch import check_window, release_supported, think_end_for
+from sgl_reason.runtime.thinking_kv.metrics import Metrics
+from sgl_reason.runtime.thinking_kv.policy import Policy, ReqState, columns_to_free, state
+
+logger = logging.getLogger(__name__)
+
+# A node priority below any a request can carry (SGLang's default is 0, prompts get +1).
+DEMOTED_PRIORITY = -(1 << 62)
+
+_CACHE = None  # the scheduler process's ThinkingKVCache, once built
+
+
+def current():
+    """This process's thinking-KV cache, or None (another backend, or not a scheduler)."""
+    return _CACHE
+
+
+def cache_class():
+    """The radix cache subclass (built on first use: it derives from SGLang's UnifiedRadixCache)."""
+    from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+
+    class ThinkingKVCache(UnifiedRadixCache):
+        """UnifiedRadixCache that applies the thinking-KV policies (module docstring)."""
+
+        def setup(self, policy: Policy, marker_ids: list[int], metrics: Metrics,
+                  release_problems: list[str], demote_ok: bool):
+            self.policy, self.marker_ids, self.metrics = policy, marker_ids, metrics
+            # why this server cannot release (launch.release_supported; empty: it can)
+            self.release_problems, self.release_ok = release_problems, not release_problems
+            self.demote_ok = demote_ok
+            self.held: dict[str, tuple[int, int]] = {}  # rid -> (thinking, answer) KV held
+            self.freed = FreedColumns()
+
+        # -- requests come and go --------------------------------------------------------------
+        def claim_kv_row(self, req) -> bool:
+            st = state(req)
+            if st is not None and req.finished() and st.policy.name == "strip":
+                req.skip_radix_cache_insert = True  # the prompt is in the tree since prefill
+            return super().claim_kv_row(req)
+
+        def checkpoint_into_tree(self, req, *, up_to: int, **kwargs) -> None:
+            st = state(req)
+            if not (st is not None and st.policy.name == "demote" and req.finished()):
+                return super().checkpoint_into_tree(req, up_to=up_to, **kwargs)
+            # New nodes take the insert's priority, existing ones keep the max of theirs: the
+            # prompt (inserted at prefill) keeps its own, what follows it is demoted.
+            stock = req.priority
+            req.priority = DEMOTED_PRIORITY
+            try:
+                super().checkpoint_into_tree(req, up_to=up_to, **kwargs)
+            finally:
+                req.priority = stock
+
+        def free_kv_row(self, kv, ranges: list[tuple[int, int]]) -> None:
+            """Free row ranges, minus the row's freed columns (already freed)."""
+            ranges = self.freed.subtract(kv, ranges)
+            if ranges:
+                super().free_kv_row(kv, ranges)
+
+        def on_release(self, req, *, checkpointed: bool) -> None:
+            super().on_release(req, checkpointed=checkpointed)
+            self.freed.forget(req.kv)
+            st = state(req)
+            if st is not None:  # a retracted request comes back on a new, whole row
+                st.release_done = False
+                if st.policy.scored:
+                    st.book = None  # its re-prefill is not observed: the release keeps the latest
+            if self.held.pop(req.rid, None) is not None:
+                self._publish()
+
+        # -- scoring ---------------------------------------------------------------------------
+        def scoring_for(self, reqs, seq_lens: list[int]):
+            """(batch positions, books) of a decode batch's requests that are being observed,
+            each book opened for this step; None when none is."""
+            positions, books = [], []
+            for b, req in enumerate(reqs):
+                st = state(req)
+                if st is None or st.book is None or st.release_done:
+                    continue
+                if self.freed.count(req.kv):  # an observed row has no freed column
+                    continue
+                st.book.begin_step(seq_lens[b])
+                positions.append(b)
+                books.append(st.book)
+            if not books:
+                return None
+            return torch.tensor(positions, dtype=torch.int64), books
+
+        # -- after every decode step -------------------------------------------------------------
+        def after_decode(self, reqs) -> int:
+            """Find end markers, release thinking KV, update metrics. Returns slots freed."""
+            released = releases = 0
+            for req in reqs:
+                st = state(req)
+                if st is None or req.finished() or not req.kv.holds_kv:
+                    continue
+                out = req.output_ids
+                if st.marker_at is None:
+                    st.marker_at = self._find_marker(out, st)
+                if st.marker_at is not None and st.policy.releases and not st.release_done:
+                    # scored: the marker's own query is observed in the step after it is generated
+                    due = st.marker_at + len(self.marker_ids) + (1 if st.policy.scored else 0)
+                    if len(out) >= due:
+                        freed = self._release(req, st)
+                        released += freed
+                        releases += freed > 0
+                        st.release_done = True  # once per row (a retracted one comes back whole)
+                        st.book = None
+                m = st.marker_at
+                thinking = (len(out) if m is None else m) - self.freed.count(req.kv)
+                self.held[req.rid] = (thinking, 0 if m is None else len(out) - m)
+            self._publish(released, releases)
+            return released
+
+        def _find_marker(self, out, st: ReqState) -> int | None:
+            ids, n = self.marker_ids, len(self.marker_ids)
+            start = max(0, st.scanned - n + 1)
+            tail = list(out[start:])
+            st.scanned = len(out)
+            for i in range(len(tail) - n + 1):
+                if tail[i:i + n] == ids:
+                    return start + i
+            return None
+
+        def _release(self, req, st: ReqState) -> int:
+            kv = req.kv
+            prompt = len(req.origin_input_ids)
+            scores = (st.book.scores(prompt + st.marker_at)
+                      if st.policy.scored and st.book is not None else None)
+            cols = columns_to_free(prompt, kv.cache_protected_len, st.marker_at, st.policy,
+                                   scores)
+            if cols.numel() == 0:
+                return 0
+            row = self.req_to_token_pool.req_to_token[kv.req_pool_idx]
+            if int(cols[-1]) >= kv.kv_committed_len or not bool((row[cols] > 0).all()) \
+                    or self.freed.count(kv):
+                # cannot happen by the range table; if it does, keeping the KV is always safe
+                logger.error("sgl-reason: not releasing %d columns of %s: committed %d",
+                             cols.numel(), req.rid, kv.kv_committed_len)
+                return 0
+            super().free_kv_row(kv, runs(cols))
+            row[cols] = 0  # SGLang's padding slot: never allocated, never freed
+            self.freed.add(kv, cols)
+            req.skip_radix_cache_insert = True  # the row is no longer a valid tree key
+            return int(cols.numel())
+
+        def released_slots(self, kv) -> int:
+            """Slots released from the row that ``kv`` holds (0 if none)."""
+            return self.freed.count(kv)
+
+        def _publish(self, released: int = 0, releases: int = 0) -> None:
+            thinking = sum(t for t, _ in self.held.values())
+            answer = sum(a for _, a in self.held.values())
+            self.metrics.update(thinking, answer, released, releases)
+
+    return ThinkingKVCache
+
+
+def build_cache(ctx):
+    """Radix cache factory for ``--radix-cache-backend sgl-reason`` (scheduler process)."""
+    global _CACHE
+    from sglang.srt.mem_cache.registry import create_unified_radix_cache
+    from transformers import AutoTokenizer
+
+    args = ctx.server_args
+    policy = Policy.from_env()
+    marker, source = think_end_for(args.model_path)
+    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_path or args.model_path)
+    marker_ids = tokenizer.encode(marker, add_special_tokens=False)
+    if not marker.strip() or not marker_ids:
+        raise ValueError(f"No end-of-thinking marker: {source} gives {marker!r}. Pass "
+                         "--think-end TEXT.")
+    check_window(policy, ctx.model_config.context_len)
+    cache = create_unified_radix_cache(ctx, cache_class=cache_class())
+    cache.setup(policy, marker_ids, Metrics(bool(args.enable_metrics) and ctx.tp_rank == 0),
+                release_problems=release_supported(args),
+                demote_ok=args.radix_eviction_policy == "priority")
+    logger.info("sgl-reason thinking KV: policy %s, window %d, sink %d, keep %s (%s over %d "
+                "steps), marker %r = %s (%s)", policy.name, policy.window, policy.sink,
+                policy.keep, policy.score, policy.observe, marker, marker_ids, source)
+    _CACHE = cache
+    return cache
