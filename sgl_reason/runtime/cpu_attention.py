@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import torch
 from torch.nn.functional import scaled_dot_product_attention
 
+from sgl_reason.runtime import thinking_kv
 from sgl_reason.runtime.thinking_kv.columns import close_rows
 
 logger = logging.getLogger(__name__)
@@ -290,16 +291,16 @@ def install() -> bool:
     def init_forward_metadata(self, forward_batch):
         stock_init(self, forward_batch)
         self._sgl_reason_plan, self._sgl_reason_freed = None, False
-        freed = getattr(forward_batch, "sgl_reason_freed", None)
+        lanes = forward_batch.req_pool_indices.tolist()
+        freed, scoring = thinking_kv.forward_inputs(lanes)
         window = getattr(self.token_to_kv_pool, "kv_window", None)
         mode = forward_batch.forward_mode
         if window is not None:
             _plan_window(window, self.req_to_token_pool.req_to_token, forward_batch)
         if mode.is_decode() and forward_batch.encoder_lens is None:
             self._sgl_reason_plan = plan_decode_batch(
-                self.req_to_token_pool.req_to_token, forward_batch.req_pool_indices.tolist(),
-                forward_batch.seq_lens.tolist(), freed, window,
-                getattr(forward_batch, "sgl_reason_scoring", None))
+                self.req_to_token_pool.req_to_token, lanes, forward_batch.seq_lens.tolist(),
+                freed, window, scoring)
             self._sgl_reason_freed = bool(freed)
         elif freed:
             raise RuntimeError("sgl-reason: a request with released thinking KV reached a "

@@ -137,13 +137,16 @@ def test_keep_is_token_identical_to_stock(server, work):
     assert ours[1] == theirs[1]  # same cache contents: every generated token stays in the tree
 
 
-def test_release_frees_thinking_while_the_answer_decodes(server, work):
-    """The pool's used size drops by the released count while the request is still running."""
+@pytest.mark.parametrize("keep, kept", [(None, 0), (0.25, 24), (10, 10)])
+def test_release_frees_thinking_while_the_answer_decodes(server, work, keep, kept):
+    """The pool's used size drops by the released count while the request is still running:
+    the window-only rule frees all but sink + window; scored retention (a fraction of the 96
+    thinking tokens, or a token count) also keeps its best-scored tokens."""
     url, prompt_len = server.url, len(_ids(work, 0))
     marker = len(work.end_ids)
     released_before = _metric(url, "sgl_reason:thinking_kv_released_tokens_total")
     seen = {}
-    body = work.body(0, "release-on-answer") | {"stream": True}
+    body = _release_body(work, 0, keep) | {"stream": True}
     with requests.post(url + "/generate", json=body, stream=True, timeout=600) as r:
         for line in r.iter_lines():
             if not line.startswith(b"data:") or line == b"data: [DONE]":
@@ -156,16 +159,41 @@ def test_release_frees_thinking_while_the_answer_decodes(server, work):
     assert seen, "the stream ended before the answer"
     # used = prompt (locked in the tree) + generated tokens - released, within a step or two
     # (the load snapshot is taken before a step's tokens are processed)
-    expected = prompt_len + seen["n"] - RELEASED
+    expected = prompt_len + seen["n"] - (RELEASED - kept)
     assert expected - 3 <= seen["used"] <= expected + 1, (seen, expected)
-    assert seen["thinking"] == SINK + WINDOW and seen["answer"] >= marker + 6, seen
+    assert seen["thinking"] == SINK + WINDOW + kept and seen["answer"] >= marker + 6, seen
     released = _metric(url, "sgl_reason:thinking_kv_released_tokens_total") - released_before
-    assert released == RELEASED
+    assert released == RELEASED - kept
     # and with keep, nothing is released: used follows the generated tokens
     out = _generate(url, work.body(1, "keep"))
     assert out["meta_info"]["completion_tokens"] == T + marker + A
-    assert _metric(url, "sgl_reason:thinking_kv_released_tokens_total") - released_before == RELEASED
+    assert (_metric(url, "sgl_reason:thinking_kv_released_tokens_total") - released_before
+            == RELEASED - kept)
 
+
+def _release_body(work: Workload, i: int, keep) -> dict:
+    body = work.body(i, "release-on-answer")
+    if keep is not None:
+        body["sampling_params"]["custom_params"]["thinking_kv_keep"] = keep
+    return body
+
+
+def test_no_released_request_reads_a_freed_column(server, work):
+    """Freed columns point at slot 0. On a server whose slot 0 holds NaN keys and huge values,
+    released requests (window-only and scored) still produce exactly the tokens they produce
+    on a clean server: no freed column is ever read."""
+    bodies = [_release_body(work, 0, None), _release_body(work, 1, 0.25),
+              _release_body(work, 2, 0.5), work.body(3, "keep")]
+    clean = [_output_ids(_generate(server.url, b)) for b in bodies]
+    env = STRICT | {"SGL_REASON_POISON_PADDING_SLOT": "1"}
+    with EmbeddedRuntime(extra_args=["--thinking-kv-policy", "keep", "--max-total-tokens",
+                                     "1536"], env=env) as rt:
+        assert "KV slot 0 poisoned" in rt.server.tail(200)
+        poisoned = [_output_ids(_generate(rt.url, b)) for b in bodies]
+        # the scored release read its scores from the attention of its last 32 steps
+        assert "scores from 32 observed steps" in rt.server.tail(400)
+    assert rt.server.group_pids() == []
+    assert poisoned == clean
 
 @pytest.mark.parametrize("policy,keeps_output", [("keep", True), ("strip", False),
                                                  ("release-on-answer", False)])
@@ -229,6 +257,15 @@ def test_mixed_load_of_releases_forks_and_aborts_leaks_nothing(server, work):
     assert loads["num_used_tokens"] == 0 and loads["num_running_reqs"] == 0
     assert requests.get(url + "/health", timeout=10).status_code == 200  # strict checks passed
     assert "leak" not in server.server.tail(60).lower()
+
+
+def test_demote_on_a_server_without_priority_eviction_is_refused(server):
+    """demote orders eviction by node priority; this server evicts by LRU, where a demoted
+    node would be an ordinary one: a 400 that says so, not a silent no-op."""
+    body = {"text": "Hi", "sampling_params": {"max_new_tokens": 2,
+                                              "custom_params": {"thinking_kv_policy": "demote"}}}
+    r = requests.post(server.url + "/generate", json=body, timeout=60)
+    assert r.status_code == 400 and "--radix-eviction-policy priority" in r.text
 
 
 def test_bad_request_override_is_refused_with_the_fix(server):

@@ -13,7 +13,7 @@ One concern per module:
 | ``launch``  | flags and launch-time refusals |
 
 :func:`install` (the ``sgl_reason`` plugin) wires them into SGLang's scheduler, batch and pool
-accounting; :func:`freed_for` and :func:`scoring_for` are what the attention backend reads.
+accounting; :func:`forward_inputs` is what the attention backend reads, by request-pool row.
 Per-request override, in ``sampling_params.custom_params``: ``thinking_kv_policy``,
 ``thinking_kv_window``, ``thinking_kv_sink``, ``thinking_kv_keep``, ``thinking_kv_score``,
 ``thinking_kv_observe``.
@@ -36,24 +36,16 @@ from sgl_reason.runtime.thinking_kv.policy import (
 )
 
 __all__ = ["BACKEND", "DEFAULT_OBSERVE", "DEFAULT_SINK", "DEFAULT_WINDOW", "POLICIES", "Policy",
-           "columns_to_free", "freed_for", "install", "parse_keep", "peak_output_kv",
-           "release_span", "scoring_for"]
+           "columns_to_free", "forward_inputs", "install", "parse_keep", "peak_output_kv",
+           "release_span"]
 
 
-def freed_for(reqs):
-    """Per request of a batch, its freed columns (sorted int64 tensor or None); None when no
-    request has any."""
+def forward_inputs(lanes: list[int]):
+    """For the attention backend, per request-pool row of a forward: its freed columns (a
+    list of sorted int64 tensors or None; None when no row has any) and the observed
+    requests' (batch positions, ScoreBooks) (or None)."""
     cache = _cache.current()
-    if cache is None or not cache.freed:
-        return None
-    freed = [cache.freed.of(req.kv) for req in reqs]
-    return freed if any(f is not None for f in freed) else None
-
-
-def scoring_for(reqs, seq_lens: list[int]):
-    """(batch positions, ScoreBooks) of a decode batch's observed requests, or None."""
-    cache = _cache.current()
-    return None if cache is None else cache.scoring_for(reqs, seq_lens)
+    return (None, None) if cache is None else cache.forward_inputs(lanes)
 
 
 def install() -> None:
@@ -107,10 +99,11 @@ def install() -> None:
 
     def init_new(cls, batch, model_runner, **kwargs):
         forward_batch = stock_init_new(cls, batch, model_runner, **kwargs)
-        forward_batch.sgl_reason_freed = freed_for(batch.reqs)
-        forward_batch.sgl_reason_scoring = (
-            scoring_for(batch.reqs, forward_batch.seq_lens.tolist())
-            if batch.forward_mode.is_decode() else None)
+        cache = _cache.current()
+        if cache is not None:
+            decode = batch.forward_mode.is_decode()
+            cache.prepare_forward(batch.reqs, forward_batch.seq_lens.tolist() if decode else [],
+                                  decode)
         return forward_batch
 
     ForwardBatch.init_new = classmethod(init_new)

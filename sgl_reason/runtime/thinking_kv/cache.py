@@ -23,6 +23,7 @@ back on a whole row and is released again after its re-prefill.
 from __future__ import annotations
 
 import logging
+import os
 
 import torch
 
@@ -37,6 +38,9 @@ logger = logging.getLogger(__name__)
 DEMOTED_PRIORITY = -(1 << 62)
 
 _CACHE = None  # the scheduler process's ThinkingKVCache, once built
+# Diagnostic (tests): slot 0, where freed columns point, gets NaN keys and huge values, so
+# any read of a freed column turns the output into NaN. Padding reads are masked before V.
+POISON_ENV = "SGL_REASON_POISON_PADDING_SLOT"
 
 
 def current():
@@ -87,8 +91,9 @@ def cache_class():
                 super().free_kv_row(kv, ranges)
 
         def on_release(self, req, *, checkpointed: bool) -> None:
+            lane = req.kv.req_pool_idx  # before SGLang clears it; the finish frees around it
             super().on_release(req, checkpointed=checkpointed)
-            self.freed.forget(req.kv)
+            self.freed.forget(req.kv, lane)
             st = state(req)
             if st is not None:  # a retracted request comes back on a new, whole row
                 st.release_done = False
@@ -97,23 +102,33 @@ def cache_class():
             if self.held.pop(req.rid, None) is not None:
                 self._publish()
 
-        # -- scoring ---------------------------------------------------------------------------
-        def scoring_for(self, reqs, seq_lens: list[int]):
-            """(batch positions, books) of a decode batch's requests that are being observed,
-            each book opened for this step; None when none is."""
-            positions, books = [], []
+        # -- what the next forward reads (ForwardBatch.init_new hook -> attention backend) ------
+        def prepare_forward(self, reqs, seq_lens: list[int], decode: bool) -> None:
+            """Before a forward: open this step's score books. The attention backend gets them,
+            and the freed columns, by lane (:meth:`forward_inputs`): SGLang hands it a copy of
+            the ForwardBatch, so nothing set on the batch object reaches it."""
+            self.step_books = {}
+            if not decode:
+                return
             for b, req in enumerate(reqs):
                 st = state(req)
-                if st is None or st.book is None or st.release_done:
-                    continue
-                if self.freed.count(req.kv):  # an observed row has no freed column
-                    continue
+                if st is None or st.book is None or st.release_done or self.freed.count(req.kv):
+                    continue  # an observed row has no freed column
                 st.book.begin_step(seq_lens[b])
-                positions.append(b)
-                books.append(st.book)
-            if not books:
-                return None
-            return torch.tensor(positions, dtype=torch.int64), books
+                self.step_books[req.kv.req_pool_idx] = st.book
+
+        def forward_inputs(self, lanes: list[int]):
+            """(freed columns per request or None, (batch positions, books) or None)."""
+            freed = [self.freed.of_lane(lane) for lane in lanes] if self.freed else None
+            if freed is not None and all(f is None for f in freed):
+                freed = None
+            books = getattr(self, "step_books", None) or {}
+            hits = [(b, books[lane]) for b, lane in enumerate(lanes) if lane in books]
+            scoring = None
+            if hits:
+                scoring = (torch.tensor([b for b, _ in hits], dtype=torch.int64),
+                           [book for _, book in hits])
+            return freed, scoring
 
         # -- after every decode step -------------------------------------------------------------
         def after_decode(self, reqs) -> int:
@@ -167,6 +182,12 @@ def cache_class():
                 logger.error("sgl-reason: not releasing %d columns of %s: committed %d",
                              cols.numel(), req.rid, kv.kv_committed_len)
                 return 0
+            if st.policy.scored and not getattr(self, "_told_scored", False):
+                self._told_scored = True  # once per server: scores come from the attention
+                logger.info("sgl-reason thinking KV: first scored release (%s): %d thinking "
+                            "tokens, %d freed, scores from %d observed steps", req.rid,
+                            st.marker_at, cols.numel(),
+                            len(st.book.steps) if st.book is not None else 0)
             super().free_kv_row(kv, runs(cols))
             row[cols] = 0  # SGLang's padding slot: never allocated, never freed
             self.freed.add(kv, cols)
@@ -204,8 +225,21 @@ def build_cache(ctx):
     cache.setup(policy, marker_ids, Metrics(bool(args.enable_metrics) and ctx.tp_rank == 0),
                 release_problems=release_supported(args),
                 demote_ok=args.radix_eviction_policy == "priority")
+    if os.environ.get(POISON_ENV) == "1":
+        _poison_padding_slot(cache)
     logger.info("sgl-reason thinking KV: policy %s, window %d, sink %d, keep %s (%s over %d "
                 "steps), marker %r = %s (%s)", policy.name, policy.window, policy.sink,
                 policy.keep, policy.score, policy.observe, marker, marker_ids, source)
     _CACHE = cache
     return cache
+
+
+def _poison_padding_slot(cache) -> None:
+    pool = cache.token_to_kv_pool_allocator.get_kvcache()
+    if not hasattr(pool, "k_buffer") or hasattr(pool, "token_k_scale"):
+        raise RuntimeError(f"{POISON_ENV} needs a 16-bit KV pool")
+    for k, v in zip(pool.k_buffer, pool.v_buffer):
+        k[0] = float("nan")
+        v[0] = 1e4
+    logger.warning("sgl-reason: KV slot 0 poisoned (%s=1): a freed column read is NaN",
+                   POISON_ENV)

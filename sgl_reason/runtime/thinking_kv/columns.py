@@ -10,8 +10,8 @@ Contract of :class:`FreedColumns`:
 - a column is recorded only after its slot was freed, and is never freed again: every row free
   goes through :meth:`FreedColumns.subtract` (``ThinkingKVCache.free_kv_row``);
 - records live exactly as long as the row: :meth:`FreedColumns.forget` at the row's release
-  (finish, abort, retraction); a record is keyed by the ``ReqKvInfo`` object and holds it, so
-  its ``id`` cannot be reused while the record exists;
+  (finish, abort, retraction); a record is keyed by the row's lane (``req_pool_idx``) and holds
+  its ``ReqKvInfo``, and every lookup checks that record still holds that lane;
 - readers (decode attention, the KV window, pool accounting) see a sorted int64 tensor.
 """
 
@@ -36,7 +36,8 @@ def runs(columns: torch.Tensor) -> list[tuple[int, int]]:
 
 
 class FreedColumns:
-    """Per live row, the sorted columns already freed (module docstring)."""
+    """Per live row (keyed by its ``req_pool_idx``, the lane), the sorted columns already freed
+    (module docstring)."""
 
     def __init__(self):
         self._rows: dict[int, tuple[object, torch.Tensor]] = {}
@@ -45,8 +46,14 @@ class FreedColumns:
         return bool(self._rows)
 
     def of(self, kv) -> torch.Tensor | None:
-        entry = self._rows.get(id(kv))
+        """The freed columns of the row ``kv`` (a ReqKvInfo) holds, if any."""
+        entry = self._rows.get(kv.req_pool_idx)
         return entry[1] if entry is not None and entry[0] is kv else None
+
+    def of_lane(self, lane: int) -> torch.Tensor | None:
+        """The freed columns of request-pool row ``lane`` (what the attention backend sees)."""
+        entry = self._rows.get(lane)
+        return entry[1] if entry is not None and entry[0].req_pool_idx == lane else None
 
     def count(self, kv) -> int:
         cols = self.of(kv)
@@ -59,10 +66,13 @@ class FreedColumns:
             if bool(torch.isin(columns, old).any()):
                 raise ValueError("sgl-reason: a thinking-KV column would be freed twice")
             columns = torch.cat([old, columns])
-        self._rows[id(kv)] = (kv, torch.sort(columns).values)
+        self._rows[kv.req_pool_idx] = (kv, torch.sort(columns).values)
 
-    def forget(self, kv) -> None:
-        self._rows.pop(id(kv), None)
+    def forget(self, kv, lane: int | None) -> None:
+        """The row ``kv`` held at ``lane`` is gone (taken before SGLang clears the lane)."""
+        entry = self._rows.get(lane)
+        if entry is not None and entry[0] is kv:
+            del self._rows[lane]
 
     def subtract(self, kv, ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
         """``ranges`` (ascending, disjoint, half-open) less this row's freed columns."""
