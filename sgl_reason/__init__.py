@@ -31,6 +31,7 @@ _LAZY = {
     "agent_steps": "sgl_reason.programs",
     "p_yes_verifier": "sgl_reason.programs",
     "ThinkingBudget": "sgl_reason.programs",
+    "KVPolicy": "sgl_reason.programs",
     "Sampling": "sgl_reason.profiles",
     "ProgramResult": "sgl_reason.programs",
     "Sample": "sgl_reason.programs",

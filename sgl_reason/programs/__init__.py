@@ -10,13 +10,13 @@
 
 from sgl_reason.programs.agent import agent_step_program, agent_steps
 from sgl_reason.programs.best_of_n import best_of_n, best_of_n_program, p_yes_verifier
-from sgl_reason.programs.budget import TIERS, ThinkingBudget
+from sgl_reason.programs.budget import TIERS, KVPolicy, ThinkingBudget
 from sgl_reason.programs.common import ProgramResult, Sample
 from sgl_reason.programs.self_consistency import self_consistency, self_consistency_program
 from sgl_reason.programs.think_then_answer import think_then_answer, think_then_answer_program
 
 __all__ = [
-    "ProgramResult", "Sample", "TIERS", "ThinkingBudget",
+    "KVPolicy", "ProgramResult", "Sample", "TIERS", "ThinkingBudget",
     "agent_step_program", "agent_steps",
     "best_of_n", "best_of_n_program", "p_yes_verifier",
     "self_consistency", "self_consistency_program",

@@ -27,7 +27,7 @@ from sglang.lang.ir import SglFunction
 
 from sgl_reason.backend import ReasonBackend
 from sgl_reason.profiles import ModelProfile, Sampling
-from sgl_reason.programs.budget import ThinkingBudget
+from sgl_reason.programs.budget import KVPolicy, ThinkingBudget
 from sgl_reason.programs.common import (
     ProgramResult, Sample, open_prompt, prompt_texts, resolve_backend, resolve_profile,
     sampling_kwargs, timed_cost,
@@ -103,7 +103,7 @@ def best_of_n(
     profile: ModelProfile | None = None,
     sampling: Sampling | None = None,
     system: str | None = None,
-    kv_policy: str | None = None,
+    kv_policy: str | KVPolicy | None = None,
     normalize_prompt: bool = True,
 ) -> ProgramResult:
     """Sample ``n`` candidates off one shared prefill, score each, return the best."""

@@ -29,8 +29,42 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 TIERS: dict[str, int] = {"low": 4096, "medium": 16384, "high": 65536}
 # The server's thinking-KV policies (runtime/thinking_kv.py POLICIES; a test keeps them equal)
 # and the custom_params key that sets one per request.
-KV_POLICIES = ("keep", "strip", "demote", "release-on-answer")
+KV_POLICIES = ("keep", "strip", "demote", "release-on-answer", "release-on-pressure")
 KV_POLICY_KEY = "thinking_kv_policy"
+
+
+class KVPolicy(BaseModel):
+    """One call's thinking-KV rule, beyond the policy name: what a releasing policy keeps.
+
+    ``keep``: scored retention, a fraction of the thinking (float in [0, 1]) or a token count
+    (int) kept besides the first ``sink`` and last ``window`` thinking tokens; the kept tokens
+    are those the end of thinking attended to most (``score``: mean or max over heads and
+    layers). None fields leave the server's settings."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: Literal[KV_POLICIES]  # type: ignore[valid-type]
+    keep: float | int | None = None
+    window: int | None = Field(default=None, ge=0)
+    sink: int | None = Field(default=None, ge=0)
+    score: Literal["mean", "max"] | None = None
+
+    @model_validator(mode="after")
+    def _keep_in_range(self):
+        if isinstance(self.keep, float) and not 0.0 <= self.keep <= 1.0:
+            raise ValueError(f"keep as a fraction must be in [0, 1], got {self.keep}")
+        if isinstance(self.keep, int) and self.keep < 0:
+            raise ValueError(f"keep as a token count must be >= 0, got {self.keep}")
+        return self
+
+    def params(self) -> dict:
+        """The request's ``custom_params`` keys (the server's per-request override)."""
+        out = {KV_POLICY_KEY: self.name}
+        for field in ("keep", "window", "sink", "score"):
+            value = getattr(self, field)
+            if value is not None:
+                out[f"thinking_kv_{field}"] = value
+        return out
 
 
 class ThinkingBudget(BaseModel):
@@ -79,11 +113,21 @@ def as_budget(budget: ThinkingBudget | int | str | None) -> ThinkingBudget:
                     f"got {type(budget).__name__}")
 
 
-def check_kv_policy(policy: str | None) -> str | None:
+def check_kv_policy(policy: str | KVPolicy | None) -> str | KVPolicy | None:
+    if isinstance(policy, KVPolicy):
+        return policy
     if policy is not None and policy not in KV_POLICIES:
         raise ValueError(f"Unknown thinking-KV policy {policy!r}: use one of "
-                         f"{', '.join(KV_POLICIES)} (or None for the server's default).")
+                         f"{', '.join(KV_POLICIES)}, a KVPolicy (to set what release keeps), "
+                         "or None for the server's default.")
     return policy
+
+
+def kv_params(policy: str | KVPolicy | None) -> dict:
+    """``custom_params`` keys that set a request's thinking-KV rule (empty: the server's)."""
+    if policy is None:
+        return {}
+    return policy.params() if isinstance(policy, KVPolicy) else {KV_POLICY_KEY: policy}
 
 
 def budget_params_problem(params: dict, vocab_size: int | None = None) -> str | None:

@@ -20,7 +20,7 @@ from sgl_reason.early_stop import EarlyStop
 from sgl_reason.early_stop.confidence import warmup_threshold
 from sgl_reason.programs.chunked import decision_dict, generate_chunked
 from sgl_reason.profiles import ModelProfile, Sampling
-from sgl_reason.programs.budget import ThinkingBudget
+from sgl_reason.programs.budget import KVPolicy, ThinkingBudget
 from sgl_reason.programs.common import (
     Messages, ProgramResult, Sample, finished, open_prompt, prompt_texts, resolve_backend,
     resolve_profile, sampling_kwargs, timed_cost,
@@ -95,7 +95,7 @@ def self_consistency(
     sampling: Sampling | None = None,
     system: str | None = None,
     early_stop: EarlyStop | None = None,
-    kv_policy: str | None = None,
+    kv_policy: str | KVPolicy | None = None,
     normalize_prompt: bool = True,
 ) -> ProgramResult:
     """Sample ``n`` answers off one shared prefill and return the voted answer.

@@ -25,7 +25,7 @@ from sgl_reason.early_stop import EarlyStop
 from sgl_reason.programs.chunked import decision_dict, generate_chunked, run_probe
 from sgl_reason.profiles import ModelProfile, Sampling
 from sgl_reason.programs.budget import (
-    KV_POLICY_KEY, BudgetForcingProcessor, ThinkingBudget, as_budget, check_kv_policy,
+    BudgetForcingProcessor, KVPolicy, ThinkingBudget, as_budget, check_kv_policy, kv_params,
 )
 from sgl_reason.programs.common import (
     Messages, ProgramResult, Sample, finished, open_prompt, prompt_texts, resolve_backend,
@@ -39,7 +39,7 @@ class ThinkPlan:
 
     def __init__(self, backend: ReasonBackend, profile: ModelProfile, budget: ThinkingBudget,
                  sampling: dict, early_stop: EarlyStop | None = None,
-                 kv_policy: str | None = None):
+                 kv_policy: str | KVPolicy | None = None):
         self.profile, self.budget, self.sampling = profile, budget, sampling
         self.early_stop = early_stop
         self.kv_policy = check_kv_policy(kv_policy)
@@ -68,13 +68,13 @@ class ThinkPlan:
 
     def params(self, custom_params: dict) -> dict:
         """A thinking request's ``custom_params``, with the plan's KV policy when it has one."""
-        if self.kv_policy is not None:
-            custom_params[KV_POLICY_KEY] = self.kv_policy
+        custom_params.update(kv_params(self.kv_policy))
         return custom_params
 
 
 def think_plan_or_none(backend: ReasonBackend, profile: ModelProfile, budget, sampling: dict,
-                       early_stop: EarlyStop | None, kv_policy: str | None) -> ThinkPlan | None:
+                       early_stop: EarlyStop | None,
+                       kv_policy: str | KVPolicy | None) -> ThinkPlan | None:
     """The plan of a program's ``think=`` argument (None: the program does not think)."""
     if budget is None:
         if kv_policy is not None:
@@ -88,7 +88,7 @@ def think(
     budget: ThinkingBudget | int | str | ThinkPlan | None = None,
     *,
     early_stop: EarlyStop | None = None,
-    kv_policy: str | None = None,
+    kv_policy: str | KVPolicy | None = None,
     profile: ModelProfile | None = None,
     sampling: Sampling | None = None,
     opened: bool = False,
@@ -100,8 +100,9 @@ def think(
     ``budget`` is a :class:`ThinkingBudget`, a token count or a tier (``"low"``,
     ``"medium"``, ``"high"``); default: the ``low`` tier. ``early_stop`` lets a signal end the
     thinking early (chunked route). ``kv_policy`` is the server's thinking-KV policy for this
-    thinking (``keep``, ``strip``, ``demote``, ``release-on-answer``; needs a server started
-    with ``--thinking-kv-policy``); None leaves the server's default. ``profile`` and
+    thinking (``keep``, ``strip``, ``demote``, ``release-on-answer``, ``release-on-pressure``,
+    or a :class:`KVPolicy` that also sets what a release keeps; needs a server started with
+    ``--thinking-kv-policy``); None leaves the server's default. ``profile`` and
     ``sampling`` default to the served model's.
 
     The budget is resolved once per call (a few cached token ids); a program that thinks in
@@ -291,7 +292,7 @@ def think_then_answer(
     sampling: Sampling | None = None,
     system: str | None = None,
     early_stop: EarlyStop | None = None,
-    kv_policy: str | None = None,
+    kv_policy: str | KVPolicy | None = None,
     normalize_prompt: bool = True,
 ) -> ProgramResult:
     """Think within ``budget`` (default: the ``low`` tier, 4k tokens), then answer.

@@ -98,3 +98,18 @@ def test_the_processor_leaves_a_request_with_bad_params_alone():
     params = [{"budget": "64", "end_ids": END, "max_answer": 4}, {"budget": 0, "end_ids": [VOCAB]}]
     out = BudgetForcingProcessor()(logits.clone(), params)
     assert torch.equal(out, logits) and params[0]["_ok"] is False and params[1]["_ok"] is False
+
+
+def test_kv_policy_sets_what_a_release_keeps_per_call():
+    from pydantic import ValidationError
+
+    from sgl_reason.programs.budget import KVPolicy, kv_params
+
+    assert kv_params(None) == {} and kv_params("strip") == {"thinking_kv_policy": "strip"}
+    rule = KVPolicy(name="release-on-pressure", keep=0.25, score="max")
+    assert kv_params(rule) == {"thinking_kv_policy": "release-on-pressure",
+                               "thinking_kv_keep": 0.25, "thinking_kv_score": "max"}
+    for bad in ({"name": "drop"}, {"name": "release-on-answer", "keep": 1.5},
+                {"name": "release-on-answer", "keep": -3}):
+        with pytest.raises(ValidationError):
+            KVPolicy(**bad)

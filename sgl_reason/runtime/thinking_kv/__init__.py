@@ -7,7 +7,7 @@ One concern per module:
 | ``policy``  | the per-server / per-request :class:`Policy`, which row columns a release frees (range table), a budgeted request's peak KV |
 | ``columns`` | freed-column bookkeeping: which columns of a live row went back to the allocator, never freed twice, rows read without them |
 | ``scoring`` | scored retention's observation window: attention paid to each thinking token by the last decode steps |
-| ``cache``   | the radix cache backend ``sgl-reason``: policies at finish, release while running |
+| ``cache``   | the radix cache backend ``sgl-reason``: policies at finish, release while running, release under memory pressure |
 | ``admission`` | each request's policy or its 400; charging a releasing request its real peak |
 | ``metrics`` | Prometheus series |
 | ``launch``  | flags and launch-time refusals |
@@ -109,6 +109,7 @@ def install() -> None:
     ForwardBatch.init_new = classmethod(init_new)
 
     admission.install_admission()
+    _install_pressure(schedule_batch.ScheduleBatch)
 
     # SGLang's pool accounting (busy-time leak check, /v1/loads, metrics) counts a request's
     # private KV as its row past the protected prefix; freed columns are not held any more.
@@ -123,3 +124,32 @@ def install() -> None:
         if getattr(module, "kv_private_tokens", None) is stock_private:
             module.kv_private_tokens = kv_private_tokens
     req_cls._sgl_reason_kv_hooks = True
+
+
+def _install_pressure(batch_cls) -> None:
+    """release-on-pressure: when the next decode step does not fit, free pending thinking KV
+    (lowest score first) before SGLang retracts a request; count the retractions that still
+    happen."""
+    stock_check, stock_retract = batch_cls.check_decode_mem, batch_cls.retract_decode
+
+    def check_decode_mem(self, selected_indices=None):
+        fits = stock_check(self, selected_indices)
+        cache = _cache.current()
+        if fits or cache is None or self.tree_cache is not cache:
+            return fits
+        reqs = self.reqs if selected_indices is None else [self.reqs[i] for i in
+                                                            selected_indices]
+        step = 2 * max(1, len(reqs))  # a decode step needs one slot a request; some margin
+        while not fits and cache.relieve(reqs, step):
+            fits = stock_check(self, selected_indices)
+        return fits
+
+    def retract_decode(self, *args, **kwargs):
+        out = stock_retract(self, *args, **kwargs)
+        cache = _cache.current()
+        if cache is not None and self.tree_cache is cache and out[0]:
+            cache._publish(retracted=len(out[0]))
+        return out
+
+    batch_cls.check_decode_mem = check_decode_mem
+    batch_cls.retract_decode = retract_decode

@@ -63,6 +63,8 @@ def cache_class():
             self.demote_ok = demote_ok
             self.held: dict[str, tuple[int, int]] = {}  # rid -> (thinking, answer) KV held
             self.freed = FreedColumns()
+            self.step_books: dict[int, object] = {}  # lane -> ScoreBook observed this forward
+            self._told_scored = False  # the first scored release is logged, with its scores
 
         # -- requests come and go --------------------------------------------------------------
         def claim_kv_row(self, req) -> bool:
@@ -97,6 +99,7 @@ def cache_class():
             st = state(req)
             if st is not None:  # a retracted request comes back on a new, whole row
                 st.release_done = False
+                st.pending = st.pending_scores = None
                 if st.policy.scored:
                     st.book = None  # its re-prefill is not observed: the release keeps the latest
             if self.held.pop(req.rid, None) is not None:
@@ -122,7 +125,7 @@ def cache_class():
             freed = [self.freed.of_lane(lane) for lane in lanes] if self.freed else None
             if freed is not None and all(f is None for f in freed):
                 freed = None
-            books = getattr(self, "step_books", None) or {}
+            books = self.step_books
             hits = [(b, books[lane]) for b, lane in enumerate(lanes) if lane in books]
             scoring = None
             if hits:
@@ -145,9 +148,12 @@ def cache_class():
                     # scored: the marker's own query is observed in the step after it is generated
                     due = st.marker_at + len(self.marker_ids) + (1 if st.policy.scored else 0)
                     if len(out) >= due:
-                        freed = self._release(req, st)
-                        released += freed
-                        releases += freed > 0
+                        if st.policy.name == "release-on-pressure":
+                            self._decide(req, st)  # freed only when memory runs short
+                        else:
+                            freed = self._release(req, st)
+                            released += freed
+                            releases += freed > 0
                         st.release_done = True  # once per row (a retracted one comes back whole)
                         st.book = None
                 m = st.marker_at
@@ -166,28 +172,80 @@ def cache_class():
                     return start + i
             return None
 
+        def _scores(self, req, st: ReqState):
+            if not st.policy.scored or st.book is None:
+                return None
+            scores = st.book.scores(len(req.origin_input_ids) + st.marker_at)
+            st.observed = len(st.book.steps)
+            return scores
+
         def _release(self, req, st: ReqState) -> int:
             kv = req.kv
-            prompt = len(req.origin_input_ids)
-            scores = (st.book.scores(prompt + st.marker_at)
-                      if st.policy.scored and st.book is not None else None)
-            cols = columns_to_free(prompt, kv.cache_protected_len, st.marker_at, st.policy,
-                                   scores)
+            cols = columns_to_free(len(req.origin_input_ids), kv.cache_protected_len,
+                                   st.marker_at, st.policy, self._scores(req, st))
             if cols.numel() == 0:
                 return 0
+            if self.freed.count(kv):
+                logger.error("sgl-reason: %s already has freed columns; not releasing", req.rid)
+                return 0
+            return self._free(req, cols)
+
+        def _decide(self, req, st: ReqState) -> None:
+            """release-on-pressure: the columns release-on-answer would free, lowest score first
+            (oldest first without scores), kept until memory runs short (:meth:`relieve`)."""
+            kv = req.kv
+            scores = self._scores(req, st)
+            cols = columns_to_free(len(req.origin_input_ids), kv.cache_protected_len,
+                                   st.marker_at, st.policy, scores)
+            if scores is None:
+                keys = cols.double()
+            else:
+                keys = torch.zeros(cols.numel(), dtype=torch.float64)
+                inside = cols < scores.numel()
+                keys[inside] = scores[cols[inside]].double()
+            order = torch.argsort(keys, stable=True)
+            st.pending, st.pending_scores = cols[order], keys[order]
+
+        def relieve(self, reqs, tokens: int) -> int:
+            """Free up to ``tokens`` pending thinking columns of ``reqs`` (release-on-pressure),
+            lowest score first across them. Returns slots freed."""
+            pool = [(req, st) for req in reqs
+                    if (st := state(req)) is not None and st.pending is not None
+                    and st.pending.numel() and req.kv.holds_kv and not req.finished()]
+            if not pool:
+                return 0
+            scores = torch.cat([st.pending_scores for _, st in pool])
+            owner = torch.cat([torch.full((st.pending.numel(),), i, dtype=torch.int64)
+                               for i, (_, st) in enumerate(pool)])
+            # each request's pending columns are in ascending score order, so the lowest
+            # `tokens` overall are a prefix of each request's own list
+            taken = torch.bincount(owner[torch.argsort(scores, stable=True)[:tokens]],
+                                   minlength=len(pool))
+            freed = 0
+            for (req, st), n in zip(pool, taken.tolist()):
+                if n == 0:
+                    continue
+                cols, st.pending = st.pending[:n], st.pending[n:]
+                st.pending_scores = st.pending_scores[n:]
+                freed += self._free(req, torch.sort(cols).values)
+            self._publish(freed, 0, pressure=1)
+            return freed
+
+        def _free(self, req, cols: torch.Tensor) -> int:
+            """Free these row columns of a running request (sorted, not freed before)."""
+            kv, st = req.kv, state(req)
             row = self.req_to_token_pool.req_to_token[kv.req_pool_idx]
-            if int(cols[-1]) >= kv.kv_committed_len or not bool((row[cols] > 0).all()) \
-                    or self.freed.count(kv):
+            if int(cols[-1]) >= kv.kv_committed_len or not bool((row[cols] > 0).all()):
                 # cannot happen by the range table; if it does, keeping the KV is always safe
                 logger.error("sgl-reason: not releasing %d columns of %s: committed %d",
                              cols.numel(), req.rid, kv.kv_committed_len)
                 return 0
-            if st.policy.scored and not getattr(self, "_told_scored", False):
+            if st.policy.scored and not self._told_scored:
                 self._told_scored = True  # once per server: scores come from the attention
-                logger.info("sgl-reason thinking KV: first scored release (%s): %d thinking "
+                logger.info("sgl-reason thinking KV: first scored release (%s, %s): %d thinking "
                             "tokens, %d freed, scores from %d observed steps", req.rid,
-                            st.marker_at, cols.numel(),
-                            len(st.book.steps) if st.book is not None else 0)
+                            st.policy.name, st.marker_at, cols.numel(),
+                            st.observed)
             super().free_kv_row(kv, runs(cols))
             row[cols] = 0  # SGLang's padding slot: never allocated, never freed
             self.freed.add(kv, cols)
@@ -198,10 +256,11 @@ def cache_class():
             """Slots released from the row that ``kv`` holds (0 if none)."""
             return self.freed.count(kv)
 
-        def _publish(self, released: int = 0, releases: int = 0) -> None:
+        def _publish(self, released: int = 0, releases: int = 0, pressure: int = 0,
+                     retracted: int = 0) -> None:
             thinking = sum(t for t, _ in self.held.values())
             answer = sum(a for _, a in self.held.values())
-            self.metrics.update(thinking, answer, released, releases)
+            self.metrics.update(thinking, answer, released, releases, pressure, retracted)
 
     return ThinkingKVCache
 

@@ -36,9 +36,11 @@ def add_cli_flags(parser: argparse.ArgumentParser) -> None:
         "--thinking-kv-policy", choices=POLICIES, default=None, action=export_to(ENV["policy"]),
         help="(sgl-reason) what happens to a reasoning request's thinking KV: keep (stock), "
              "strip (freed at finish, only the prompt is cached), demote (cached, evicted "
-             "first) or release-on-answer (freed as soon as the answer starts, but the first "
+             "first), release-on-answer (freed as soon as the answer starts, but the first "
              "--thinking-kv-sink and last --thinking-kv-window tokens and the "
-             "--thinking-kv-keep best-scored ones). Implies "
+             "--thinking-kv-keep best-scored ones) or release-on-pressure (the same tokens, "
+             "freed lowest score first only when the next decode step would not fit, before "
+             "SGLang retracts a request). Implies "
              f"--radix-cache-backend {BACKEND}. Per request: custom_params "
              f"{{\"{REQUEST_KEYS['policy']}\": ...}}",
     )

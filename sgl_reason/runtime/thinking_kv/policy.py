@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-POLICIES = ("keep", "strip", "demote", "release-on-answer")
-RELEASING = ("release-on-answer",)  # the policies that free thinking KV while a request runs
+POLICIES = ("keep", "strip", "demote", "release-on-answer", "release-on-pressure")
+RELEASING = ("release-on-answer", "release-on-pressure")  # free thinking KV while running
 SCORE_REDUCTIONS = ("mean", "max")
 DEFAULT_WINDOW = 16
 DEFAULT_SINK = 4
@@ -82,8 +82,9 @@ class Policy:
 
     @property
     def scored(self) -> bool:
-        """Whether release keeps the best-scored thinking tokens (and so needs scores)."""
-        return self.releases and self.keep is not None
+        """Whether release needs scores: scored retention keeps the best-scored tokens, and
+        release under pressure frees the lowest-scored first."""
+        return self.name == "release-on-pressure" or (self.releases and self.keep is not None)
 
     @classmethod
     def from_env(cls) -> Policy:
@@ -161,7 +162,7 @@ def columns_to_free(prompt_len: int, protected_len: int, marker_at: int, policy:
     if have > 0:
         s[:have] = scores[lo:lo + have].double()
     # a tiny ramp breaks ties toward later columns, deterministically
-    s += torch.arange(hi - lo, dtype=torch.float64) * 1e-12
+    s = s + torch.arange(hi - lo, dtype=torch.float64) * 1e-12
     kept = torch.topk(s, k).indices
     free = torch.ones(hi - lo, dtype=torch.bool)
     free[kept] = False
@@ -207,8 +208,12 @@ class ReqState:
     policy: Policy
     scanned: int = 0  # output_ids already searched for the marker
     marker_at: int | None = None  # output index where the end-of-thinking marker starts
-    release_done: bool = False  # the current row has been through release
+    release_done: bool = False  # the current row has been through release (or, under
+    # pressure, its releasable columns are decided)
     book: object | None = None  # scoring.ScoreBook while a scored request thinks
+    observed: int = 0  # decode steps behind the scores of the last release decision
+    pending: torch.Tensor | None = None  # release-on-pressure: columns not yet freed, lowest
+    pending_scores: torch.Tensor | None = None  # score first, and their scores
 
 
 def state(req) -> ReqState | None:
