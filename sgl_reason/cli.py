@@ -455,6 +455,23 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--max-total-tokens", type=int, default=1400, help="the KV pool, in tokens")
     b.add_argument("--shape", type=_shape, default="32,256,256",
                    help="prompt,thinking,answer tokens (the default also runs 32,400,100)")
+    b.add_argument("--workload", choices=("forced", "problems"), default="forced",
+                   help="forced: every request forced to --shape (stock vs each policy at a "
+                        "fixed pool); problems: the reasoner at natural lengths on graded "
+                        "problems, each release rule against keep")
+    b.add_argument("--data", default=None, metavar="FILE.jsonl",
+                   help="problems workload: graded problems with a family field (default: "
+                        "the reasoner's held-out set, data/reasoner_heldout.jsonl)")
+    b.add_argument("--limit", type=int, default=34, help="problems workload: per family")
+    b.add_argument("--rows", type=_names, default=None, metavar="NAME[,NAME]",
+                   help="problems workload: rows besides keep (default: keep_repeat, "
+                        "release-on-answer, scored-5%%, scored-10%%, scored-25%%, scored-50%%; "
+                        "also scored-10%%-max)")
+    b.add_argument("--concurrency", type=int, default=16,
+                   help="problems workload: --max-running-requests of its server")
+    b.add_argument("--model", default="smollm2", type=_model_name,
+                   help="forced workload's model (default: smollm2; the problems workload "
+                        "always runs the reasoner)")
     b = benches.add_parser("prompt-drift", help="prefix-cache hit rate under whitespace drift, "
                            "raw vs normalized prompts")
     b.add_argument("--requests", type=int, default=24, help="requests per stream")

@@ -103,6 +103,12 @@ def test_bad_thinking_kv_shape(capsys):
     assert "--shape takes P,T,A (three integers), got '32,256'" in capsys.readouterr().err
 
 
+def test_unknown_thinking_kv_problem_rows_name_the_valid_ones():
+    with pytest.raises(SystemExit, match="unknown rows \\['scored-7%'\\]: choose from keep, "
+                                         "keep_repeat, release-on-answer"):
+        main(["bench", "thinking-kv", "--workload", "problems", "--rows", "scored-7%"])
+
+
 def test_plot_of_a_thinking_kv_report(tmp_path):
     row = {"mean_running": 2.0, "answer_nll": 0.1}
     report = tmp_path / "tkv.json"

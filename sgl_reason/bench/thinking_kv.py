@@ -12,7 +12,7 @@ admits what fits.
 | row | server |
 |---|---|
 | ``stock`` | ``SGLANG_PLUGINS=sgl_reason_cpu``: SGLang's own radix cache and scheduling, on this project's CPU attention; the thinking-KV plugin is not loaded |
-| ``keep``, ``strip``, ``release-on-answer`` | one server, ``--thinking-kv-policy keep``; the policy is set per request (``custom_params``) |
+| ``keep``, ``strip``, ``release-on-answer``, ``scored-25%``, ``release-on-pressure`` | one server, ``--thinking-kv-policy keep``; the rule is set per request (``custom_params``): ``scored-25%`` is release-on-answer keeping 25% of the thinking by attention score, ``release-on-pressure`` frees the same tokens as release-on-answer but only when decode runs short |
 | ``demote`` | its own server, ``--thinking-kv-policy demote`` (it needs priority eviction) |
 
 While a row runs, ``/v1/loads`` (refreshed every step) is sampled every ``POLL_S``: mean running
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import statistics
+from pathlib import Path
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -37,7 +38,7 @@ import requests
 
 from sgl_reason import EmbeddedRuntime
 from sgl_reason.bench import publish
-from sgl_reason.profiles import PROMPTED
+from sgl_reason.profiles import PROMPTED, REASONER, ModelProfile
 from sgl_reason.programs.budget import BudgetForcingProcessor
 from sgl_reason.runtime.thinking_kv import DEFAULT_SINK, DEFAULT_WINDOW
 
@@ -47,7 +48,16 @@ POLL_S = 0.25
 DEFAULT_SHAPE = (32, 256, 256)
 SECOND_SHAPE = (32, 400, 100)
 SECOND_SHARE = 0.6  # the second shape runs 60% of the requests: the bench stays under 20 min
-POLICY_ROWS = ("keep", "strip", "release-on-answer")
+# rows on the keep server, each rule set per request (custom_params)
+SCORED_KEEP = 0.25  # scored retention's share of the thinking in the forced rows
+POLICY_ROWS = {
+    "keep": {"thinking_kv_policy": "keep"},
+    "strip": {"thinking_kv_policy": "strip"},
+    "release-on-answer": {"thinking_kv_policy": "release-on-answer"},
+    f"scored-{round(SCORED_KEEP * 100)}%": {"thinking_kv_policy": "release-on-answer",
+                                            "thinking_kv_keep": SCORED_KEEP},
+    "release-on-pressure": {"thinking_kv_policy": "release-on-pressure"},
+}
 STOCK_ENV = {"SGLANG_PLUGINS": "sgl_reason_cpu"}
 QUESTIONS = [f"What is {a} + {b}?" for a, b in
              [(17, 25), (38, 46), (123, 77), (59, 64), (212, 389), (45, 55), (81, 19), (66, 27),
@@ -82,9 +92,13 @@ def ideal_gain(prompt: int, thinking: int, marker: int, answer: int,
 class Workload:
     """M forced-shape requests against one server."""
 
-    def __init__(self, url: str, shape: tuple[int, int, int], requests_n: int):
-        self.url, self.shape, self.n = url, shape, requests_n
-        self.end_ids = self._tokenize(PROMPTED.think_end)
+    def __init__(self, url: str, shape: tuple[int, int, int], requests_n: int,
+                 profile: ModelProfile = PROMPTED):
+        self.url, self.shape, self.n, self.profile = url, shape, requests_n, profile
+        self.end_ids = self._tokenize(profile.think_end)
+        # a model that closes its thinking by itself (the reasoner) may not before the budget
+        marker = self._tokenize(profile.end_marker)
+        self.no_early_close = marker if profile.end_token is not None else None
         self.prompts = [self._prompt(QUESTIONS[i % len(QUESTIONS)], shape[0])
                         for i in range(requests_n)]
         self.prompt_tokens = statistics.fmean(len(self._tokenize(p)) for p in self.prompts)
@@ -99,17 +113,22 @@ class Workload:
     def _prompt(self, question: str, target: int) -> str:
         def text(q):
             return (f"<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n"
-                    f"{PROMPTED.think_start}")
+                    f"{self.profile.think_start}")
         q = question
         while len(self._tokenize(text(q))) < target:
             q += FILLER
         return text(q)
 
-    def body(self, i: int, policy: str | None) -> dict:
+    def body(self, i: int, policy: str | dict | None) -> dict:
+        """Request i; ``policy``: a policy name, or ``custom_params`` keys of a rule."""
         _, thinking, answer = self.shape
         params = {"budget": thinking, "end_ids": self.end_ids, "min_answer": answer,
                   "max_answer": answer}
-        if policy is not None:
+        if self.no_early_close:
+            params["eos_ids"] = self.no_early_close  # masked until the forced marker
+        if isinstance(policy, dict):
+            params.update(policy)
+        elif policy is not None:
             params["thinking_kv_policy"] = policy
         return {
             "text": self.prompts[i],
@@ -125,7 +144,7 @@ class Workload:
         body["sampling_params"]["max_new_tokens"] = 8
         requests.post(self.url + "/generate", json=body, timeout=600).raise_for_status()
 
-    def run(self, policy: str | None) -> dict:
+    def run(self, policy: str | dict | None) -> dict:
         """Send all requests at once; sample the server's load until the last one finishes."""
         requests.post(self.url + "/flush_cache", timeout=30)
         samples: list[tuple[int, int, int]] = []
@@ -177,7 +196,7 @@ class Workload:
         n = len(self.end_ids)
         at = next((i for i in range(len(ids) - n + 1) if ids[i:i + n] == self.end_ids), None)
         answer = logprobs[at + n:-1] if at is not None else []  # the last is the forced EOS
-        text = out["text"].split(PROMPTED.think_end.strip(), 1)[-1]
+        text = out["text"].split(self.profile.think_end.strip(), 1)[-1]
         return {
             "ids": [t[1] for t in answer],
             "final": _first_number(text),
@@ -206,10 +225,12 @@ def quality(row: dict, keep: dict) -> dict:
     }
 
 
-def _server(flags: list[str], env: dict | None, pool: int, extra: list[str]) -> EmbeddedRuntime:
+def _server(flags: list[str], env: dict | None, pool: int, extra: list[str],
+            model: str | None = None) -> EmbeddedRuntime:
     # /v1/loads is a snapshot SGLang refreshes every N decode steps; every step here
     fresh = ["--load-snapshot-publish-interval", "1"]
-    return EmbeddedRuntime(extra_args=["--max-total-tokens", str(pool), *fresh, *flags, *extra],
+    return EmbeddedRuntime(model=model,
+                           extra_args=["--max-total-tokens", str(pool), *fresh, *flags, *extra],
                            env=env)
 
 
@@ -218,35 +239,45 @@ def _strip_private(row: dict) -> dict:
 
 
 def run(requests_n: int = 10, pool: int = 1400, shape=DEFAULT_SHAPE,
-        second_shape=SECOND_SHAPE, extra: list[str] = ()) -> dict:
+        second_shape=SECOND_SHAPE, extra: list[str] = (), model: str | None = None) -> dict:
+    profile = REASONER if model == "reasoner" else PROMPTED
     rows: dict[str, dict] = {}
-    with _server([], STOCK_ENV, pool, extra) as rt:
-        work = Workload(rt.url, shape, requests_n)
+
+    def server(flags, env=None):
+        return _server(flags, env, pool, extra, model)
+
+    with server([], STOCK_ENV) as rt:
+        work = Workload(rt.url, shape, requests_n, profile)
         work.warm_up()
         rows["stock"] = work.run(None)
-    with _server(["--thinking-kv-policy", "keep", "--enable-metrics"], None, pool, extra) as rt:
-        work = Workload(rt.url, shape, requests_n)
+    with server(["--thinking-kv-policy", "keep", "--enable-metrics"]) as rt:
+        work = Workload(rt.url, shape, requests_n, profile)
         work.warm_up()
-        for policy in POLICY_ROWS:
-            rows[policy] = work.run(policy)
+        for name, params in POLICY_ROWS.items():
+            rows[name] = work.run(params)
         second = {}
         if second_shape:
-            work2 = Workload(rt.url, second_shape, max(2, round(requests_n * SECOND_SHARE)))
+            work2 = Workload(rt.url, second_shape, max(2, round(requests_n * SECOND_SHARE)),
+                             profile)
             for policy in ("keep", "release-on-answer"):
                 second[policy] = work2.run(policy)
-    with _server(["--thinking-kv-policy", "demote"], None, pool, extra) as rt:
-        work = Workload(rt.url, shape, requests_n)
+    with server(["--thinking-kv-policy", "demote"]) as rt:
+        work = Workload(rt.url, shape, requests_n, profile)
         work.warm_up()
         rows["demote"] = work.run(None)
 
     marker = len(work.end_ids)
     for name, row in rows.items():
         row.update(quality(row, rows["keep"]))
+        for key in ("mean_running", "mean_running_saturated"):
+            row[f"{key}_vs_keep"] = (round(row[key] / rows["keep"][key], 3)
+                                     if rows["keep"][key] else 0.0)
         expected = shape[1] + marker + shape[2]
         if any(c != expected for c in row["completion_tokens"]):
             raise RuntimeError(f"row {name}: lengths {row['completion_tokens']} are not the "
                                f"forced {expected}; rows would not be comparable")
     report = {
+        "model": model or "smollm2",
         "requests": requests_n,
         "max_total_tokens": pool,
         "shape": {"prompt": round(work.prompt_tokens, 1), "thinking": shape[1], "marker": marker,
@@ -284,15 +315,16 @@ def _gain(rows: dict, key: str) -> float:
 
 def table(report: dict) -> str:
     header = ("| shape | row | peak KV tokens | mean running (queue waiting) | mean running "
-              "(whole run) | requests/min | answer agreement | answer-token agreement "
-              "| answer NLL |")
-    lines = [header, "|---|---|---|---|---|---|---|---|---|"]
+              "(whole run) | vs keep (queue waiting) | requests/min | answer agreement | "
+              "answer-token agreement | answer NLL |")
+    lines = [header, "|---|---|---|---|---|---|---|---|---|---|"]
 
     def add(shape, rows):
         s = f"{shape['prompt']},{shape['thinking']},{shape['answer']}"
         for name, r in rows.items():
             lines.append(f"| {s} | {name} | {r['peak_kv_tokens']} | "
                          f"{r['mean_running_saturated']} | {r['mean_running']} | "
+                         f"{r.get('mean_running_saturated_vs_keep', '-')} | "
                          f"{r['throughput_rpm']} | {r['answer_agreement']} | "
                          f"{r['answer_token_agreement']} | {r['answer_nll']} |")
 
@@ -314,12 +346,26 @@ def table(report: dict) -> str:
     return "\n".join(lines)
 
 
+HELDOUT = Path(__file__).resolve().parents[2] / "data" / "reasoner_heldout.jsonl"  # in the repo
+
+
 def main(args) -> int:
     if args.url:
         raise SystemExit("sgl-reason bench thinking-kv starts its own servers (a stock one and "
                          "policy ones at the same pool); drop --url.")
+    if args.workload == "problems":
+        from sgl_reason.bench import thinking_kv_problems
+        from sgl_reason.bench.early_stop import REASONER_FAMILIES, problem_set
+
+        try:
+            thinking_kv_problems.check_rows(args.rows)
+        except ValueError as error:
+            raise SystemExit(f"--rows: {error}") from None
+        problems = problem_set(args.data or HELDOUT, limit=args.limit,
+                               families=None if args.data else REASONER_FAMILIES)
+        return thinking_kv_problems.main(args, problems)
     report = run(requests_n=args.requests, pool=args.max_total_tokens, shape=args.shape,
-                 extra=args.server_arg,
+                 extra=args.server_arg, model=args.model,
                  second_shape=SECOND_SHAPE if args.shape == DEFAULT_SHAPE else None)
     publish(report, table(report), args.json)
     return 0
