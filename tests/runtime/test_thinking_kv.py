@@ -392,27 +392,31 @@ def test_release_on_pressure_frees_only_when_decode_would_not_fit():
     about three of them at their peak (admission credits the release, as for
     release-on-answer), decode runs short while they answer: thinking KV is freed, lowest score
     first, instead of a retraction, and no slot leaks under SGLang's strict checks."""
-    def run(pool: int, policy: str) -> tuple[list, float, float, float]:
+    names = ("thinking_kv_pressure_releases", "thinking_kv_released_tokens", "retracted_requests")
+
+    def run(pool: int, policies: tuple[str, ...]) -> list[tuple]:
+        rows = []
         with EmbeddedRuntime(extra_args=["--thinking-kv-policy", "keep", "--enable-metrics",
                                          "--max-total-tokens", str(pool), *FRESH_LOADS],
                              env=STRICT) as rt:
             w = Workload(rt.url, (32, T, A), 4)
-            bodies = [w.body(i, policy) for i in range(4)]
             ids = [w._tokenize(p) for p in w.prompts]
-            out = _generate(rt.url, {"input_ids": ids, "return_logprob": True,
-                                     "sampling_params": [b["sampling_params"] for b in bodies],
-                                     "custom_logit_processor": [b["custom_logit_processor"]
-                                                                for b in bodies]})
-            metrics = [_metric(rt.url, f"sgl_reason:{name}_total") for name in (
-                "thinking_kv_pressure_releases", "thinking_kv_released_tokens",
-                "retracted_requests")]
-            requests.post(rt.url + "/flush_cache", timeout=30).raise_for_status()
-            assert _used(rt.url) == 0
-            assert all(len(_output_ids(o)) == T + len(w.end_ids) + A for o in out)
-        return [_output_ids(o) for o in out], *metrics
+            for policy in policies:
+                before = [_metric(rt.url, f"sgl_reason:{name}_total") for name in names]
+                bodies = [w.body(i, policy) for i in range(4)]
+                out = _generate(rt.url, {
+                    "input_ids": ids, "return_logprob": True,
+                    "sampling_params": [b["sampling_params"] for b in bodies],
+                    "custom_logit_processor": [b["custom_logit_processor"] for b in bodies]})
+                after = [_metric(rt.url, f"sgl_reason:{name}_total") for name in names]
+                assert all(len(_output_ids(o)) == T + len(w.end_ids) + A for o in out)
+                rows.append(([_output_ids(o) for o in out],
+                             *(b - a for a, b in zip(before, after))))
+                requests.post(rt.url + "/flush_cache", timeout=30).raise_for_status()
+                assert _used(rt.url) == 0
+        return rows
 
-    roomy_keep = run(1536, "keep")
-    roomy = run(1536, "release-on-pressure")
+    roomy_keep, roomy = run(1536, ("keep", "release-on-pressure"))
     assert roomy[1:] == (0, 0, 0) and roomy[0] == roomy_keep[0]  # nothing short: keep's tokens
-    tight = run(560, "release-on-pressure")
+    (tight,) = run(560, ("release-on-pressure",))
     assert tight[1] > 0 and 0 < tight[2] <= 4 * RELEASED and tight[3] == 0, tight[1:]

@@ -53,7 +53,7 @@ class Policy:
     name: str = "keep"
     window: int = DEFAULT_WINDOW  # last thinking tokens kept
     sink: int = DEFAULT_SINK  # first thinking tokens kept
-    keep: float | int | None = None  # scored retention: float = fraction of the thinking, int = tokens
+    keep: float | int | None = None  # scored retention: fraction of the thinking, or tokens
     score: str = "mean"  # how one token's attention is aggregated over heads and layers
     observe: int = DEFAULT_OBSERVE  # decode steps whose attention is summed into the scores
 
