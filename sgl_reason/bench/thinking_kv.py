@@ -29,10 +29,10 @@ from __future__ import annotations
 
 import logging
 import statistics
-from pathlib import Path
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import requests
 
@@ -89,6 +89,47 @@ def ideal_gain(prompt: int, thinking: int, marker: int, answer: int,
     return keep / release
 
 
+def tokenize(url: str, text: str) -> list[int]:
+    r = requests.post(url + "/tokenize", json={"prompt": text, "add_special_tokens": False},
+                      timeout=30)
+    r.raise_for_status()
+    return list(r.json()["tokens"])
+
+
+def chat_prompt(question: str, profile: ModelProfile) -> str:
+    """A ChatML user turn, the assistant turn opened and thinking started."""
+    return (f"<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n"
+            f"{profile.think_start}")
+
+
+class LoadSampler:
+    """``/v1/loads`` sampled every ``POLL_S`` on a thread while the block runs: ``samples`` is a
+    list of (running requests, used KV tokens, waiting requests)."""
+
+    def __init__(self, url: str):
+        self.url, self.samples = url, []
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def _poll(self) -> None:
+        while not self._done.is_set():
+            try:
+                load = requests.get(self.url + "/v1/loads", timeout=10).json()["loads"][0]
+                self.samples.append((load["num_running_reqs"], load["num_used_tokens"],
+                                     load["num_waiting_reqs"]))
+            except requests.RequestException:
+                pass
+            self._done.wait(POLL_S)
+
+    def __enter__(self) -> LoadSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._done.set()
+        self._thread.join()
+
+
 class Workload:
     """M forced-shape requests against one server."""
 
@@ -105,19 +146,13 @@ class Workload:
         self.processor = BudgetForcingProcessor().to_str()
 
     def _tokenize(self, text: str) -> list[int]:
-        r = requests.post(self.url + "/tokenize", json={"prompt": text, "add_special_tokens": False},
-                          timeout=30)
-        r.raise_for_status()
-        return list(r.json()["tokens"])
+        return tokenize(self.url, text)
 
     def _prompt(self, question: str, target: int) -> str:
-        def text(q):
-            return (f"<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n"
-                    f"{self.profile.think_start}")
         q = question
-        while len(self._tokenize(text(q))) < target:
+        while len(self._tokenize(chat_prompt(q, self.profile))) < target:
             q += FILLER
-        return text(q)
+        return chat_prompt(q, self.profile)
 
     def body(self, i: int, policy: str | dict | None) -> dict:
         """Request i; ``policy``: a policy name, or ``custom_params`` keys of a rule."""
@@ -147,32 +182,17 @@ class Workload:
     def run(self, policy: str | dict | None) -> dict:
         """Send all requests at once; sample the server's load until the last one finishes."""
         requests.post(self.url + "/flush_cache", timeout=30)
-        samples: list[tuple[int, int, int]] = []
-        done = threading.Event()
-
-        def poll():
-            while not done.is_set():
-                try:
-                    load = requests.get(self.url + "/v1/loads", timeout=10).json()["loads"][0]
-                    samples.append((load["num_running_reqs"], load["num_used_tokens"],
-                                    load["num_waiting_reqs"]))
-                except requests.RequestException:
-                    pass
-                done.wait(POLL_S)
 
         def send(i):
             r = requests.post(self.url + "/generate", json=self.body(i, policy), timeout=3600)
             r.raise_for_status()
             return r.json()
 
-        sampler = threading.Thread(target=poll, daemon=True)
         start = time.perf_counter()
-        sampler.start()
-        with ThreadPoolExecutor(max_workers=self.n) as pool:
+        with LoadSampler(self.url) as sampler, ThreadPoolExecutor(max_workers=self.n) as pool:
             outs = list(pool.map(send, range(self.n)))
         seconds = time.perf_counter() - start
-        done.set()
-        sampler.join()
+        samples = sampler.samples
         running = [r for r, _, _ in samples]
         saturated = [r for r, _, waiting in samples if waiting > 0]
         return {

@@ -26,18 +26,22 @@ requests (``/v1/loads`` sampled while the row runs).
 from __future__ import annotations
 
 import statistics
-import threading
 import time
 from collections import defaultdict
 
 import requests
 
 from sgl_reason.bench import publish
-from sgl_reason.bench.thinking_kv import POLL_S
+from sgl_reason.bench.thinking_kv import LoadSampler, chat_prompt, tokenize
 from sgl_reason.data import Problem
 from sgl_reason.profiles import REASONER
 from sgl_reason.programs.budget import BudgetForcingProcessor
-from sgl_reason.runtime.thinking_kv.policy import DEFAULT_SINK, DEFAULT_WINDOW, Policy
+from sgl_reason.runtime.thinking_kv.policy import (
+    DEFAULT_SINK,
+    DEFAULT_WINDOW,
+    Policy,
+    columns_to_free,
+)
 from sgl_reason.vote.extract import extract_answer
 from sgl_reason.vote import normalize_answer
 
@@ -62,28 +66,17 @@ def check_rows(rows) -> tuple[str, ...]:
     return ("keep", *[r for r in ROWS if r in rows and r != "keep"])
 
 
-def prompt(question: str) -> str:
-    """The reasoner's ChatML prompt, thinking opened (what ``think_then_answer`` sends)."""
-    return (f"<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n"
-            f"{REASONER.think_start}")
-
-
 class ProblemWorkload:
     """The problems of one run against one server, sent as one message per row."""
 
     def __init__(self, url: str, problems: list[Problem], budget: int, max_answer: int):
         self.url, self.problems = url, problems
         self.budget, self.max_answer = budget, max_answer
-        self.end_ids = self._tokenize(REASONER.think_end)
-        self.marker_ids = self._tokenize(REASONER.end_marker)
-        self.ids = [self._tokenize(prompt(p.question)) for p in problems]
+        self.end_ids = tokenize(url, REASONER.think_end)
+        self.marker_ids = tokenize(url, REASONER.end_marker)
+        # what think_then_answer sends the reasoner: ChatML, thinking opened
+        self.ids = [tokenize(url, chat_prompt(p.question, REASONER)) for p in problems]
         self.processor = BudgetForcingProcessor().to_str()
-
-    def _tokenize(self, text: str) -> list[int]:
-        r = requests.post(self.url + "/tokenize", timeout=30,
-                          json={"prompt": text, "add_special_tokens": False})
-        r.raise_for_status()
-        return list(r.json()["tokens"])
 
     def _metric(self, name: str) -> float:
         import re
@@ -101,35 +94,19 @@ class ProblemWorkload:
                                       "max_answer": self.max_answer, **params}}
         body = {"input_ids": self.ids, "sampling_params": [sampling] * n,
                 "custom_logit_processor": [self.processor] * n, "return_logprob": True}
-        samples: list[tuple[int, int]] = []
-        done = threading.Event()
-
-        def poll():
-            while not done.is_set():
-                try:
-                    load = requests.get(self.url + "/v1/loads", timeout=10).json()["loads"][0]
-                    samples.append((load["num_running_reqs"], load["num_used_tokens"]))
-                except requests.RequestException:
-                    pass
-                done.wait(POLL_S)
-
         released_before = self._metric(RELEASED_METRIC)
-        sampler = threading.Thread(target=poll, daemon=True)
         start = time.perf_counter()
-        sampler.start()
-        try:
+        with LoadSampler(self.url) as sampler:
             r = requests.post(self.url + "/generate", json=body, timeout=6 * 3600)
             r.raise_for_status()
-        finally:
-            done.set()
-            sampler.join()
         seconds = time.perf_counter() - start
-        outs = r.json()
+        outs, samples = r.json(), sampler.samples
         return {
             "seconds": round(seconds, 1),
             "throughput_rpm": round(n / seconds * 60, 3),
-            "mean_running": round(statistics.fmean(s for s, _ in samples), 3) if samples else 0.0,
-            "peak_kv_tokens": max((u for _, u in samples), default=0),
+            "mean_running": (round(statistics.fmean(s[0] for s in samples), 3) if samples
+                             else 0.0),
+            "peak_kv_tokens": max((s[1] for s in samples), default=0),
             "released_server": self._metric(RELEASED_METRIC) - released_before,
             "_outs": [self._read(o) for o in outs],
         }
@@ -147,14 +124,12 @@ class ProblemWorkload:
 
 
 def released_fraction(thinking: int, params: dict) -> float:
-    """Share of a request's thinking KV its rule frees (the range table of
-    ``thinking_kv.policy.release_span``, with the prompt all the tree holds)."""
-    if thinking == 0 or params.get("thinking_kv_policy") != "release-on-answer":
+    """Share of a request's thinking KV its rule frees: the server's own ``columns_to_free``
+    for this thinking length, with the prompt all the tree holds."""
+    policy = Policy().override(params)
+    if thinking == 0 or not policy.releases:
         return 0.0
-    policy = Policy("release-on-answer", DEFAULT_WINDOW, DEFAULT_SINK,
-                    params.get("thinking_kv_keep"))
-    middle = max(0, thinking - policy.sink - policy.window)
-    return (middle - min(middle, policy.keep_count(thinking))) / thinking
+    return columns_to_free(0, 0, thinking, policy, None).numel() / thinking
 
 
 def summarize(problems: list[Problem], row: dict, params: dict, keep: dict | None) -> dict:
