@@ -34,10 +34,12 @@ def test_evaluate_is_the_module_with_run():
 def test_think_budget_forms_and_kv_policy_checks():
     import pytest
 
-    from sgl_reason.programs.budget import KV_POLICIES, as_budget, check_kv_policy
+    from sgl_reason.programs.budget import KV_POLICIES, THINKING_START, as_budget, check_kv_policy
     from sgl_reason.runtime.thinking_kv import POLICIES
+    from sgl_reason.runtime.thinking_kv.policy import THINKING_START as SERVER_THINKING_START
 
     assert KV_POLICIES == POLICIES  # the programs' copy of the server's list
+    assert THINKING_START == SERVER_THINKING_START
     assert as_budget(None).thinking_tokens == 4096
     assert as_budget(64).thinking_tokens == 64 and as_budget("medium").thinking_tokens == 16384
     assert as_budget(sgl_reason.ThinkingBudget(max_thinking_tokens=7)).thinking_tokens == 7

@@ -31,6 +31,8 @@ TIERS: dict[str, int] = {"low": 4096, "medium": 16384, "high": 65536}
 # and the custom_params key that sets one per request.
 KV_POLICIES = ("keep", "strip", "demote", "release-on-answer", "release-on-pressure")
 KV_POLICY_KEY = "thinking_kv_policy"
+# custom_params key of an answer request whose prompt holds its thinking: where it starts
+THINKING_START = "thinking_start"
 
 
 class KVPolicy(BaseModel):

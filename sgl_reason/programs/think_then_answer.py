@@ -9,7 +9,8 @@ Routes: with a server that allows custom logit processors (``--enable-custom-log
 on by default in ``sgl-reason serve`` on CPU), one request does it all and the server forces
 the marker (:mod:`sgl_reason.programs.budget`), so the runtime sees thinking and answer as one
 sequence. Otherwise (or with a minimum), each thinking segment and the answer are separate
-requests that reuse the cached prefix.
+requests that reuse the cached prefix; on a thinking-KV server the answer request declares
+where its thinking starts (:func:`before_answer`), so a releasing policy frees it there too.
 
 Tie-break: none (one sample). Cost: 1 prefill of the prompt + <= max_thinking + len(marker) +
 max_answer decoded tokens (single route); the two-request route adds one prefill of the
@@ -25,7 +26,8 @@ from sgl_reason.early_stop import EarlyStop
 from sgl_reason.programs.chunked import decision_dict, generate_chunked, run_probe
 from sgl_reason.profiles import ModelProfile, Sampling
 from sgl_reason.programs.budget import (
-    BudgetForcingProcessor, KVPolicy, ThinkingBudget, as_budget, check_kv_policy, kv_params,
+    THINKING_START, BudgetForcingProcessor, KVPolicy, ThinkingBudget, as_budget,
+    check_kv_policy, kv_params,
 )
 from sgl_reason.programs.common import (
     Messages, ProgramResult, Sample, finished, open_prompt, prompt_texts, resolve_backend,
@@ -65,6 +67,10 @@ class ThinkPlan:
             early_stop.check_budget(budget.thinking_tokens)
             self.route = "chunked"  # thinking in chunks, a signal watching
         self.processor = BudgetForcingProcessor.to_str() if backend.supports_logit_processor else None
+        # the answer request of the multi-request routes declares where its thinking starts,
+        # so the server releases it as it does a generated marker's (needs the marker to be
+        # one token: a text marker may merge with its neighbours and not be found)
+        self.declare_thinking = backend.thinking_kv and profile.end_token is not None
 
     def params(self, custom_params: dict) -> dict:
         """A thinking request's ``custom_params``, with the plan's KV policy when it has one."""
@@ -149,6 +155,16 @@ def mask_eos_in_thinking(s, plan: ThinkPlan) -> None:
         set_request_extras(s, custom_params=plan.params({}))
 
 
+def before_answer(s, plan: ThinkPlan, thinking_start: int | None) -> None:
+    """Before the answer request of the two-request and chunked routes: on a thinking-KV
+    server, declare where the thinking starts in its prompt (``thinking_start``; the server
+    finds the marker after it), with the plan's policy. A releasing policy then prefills that
+    thinking into the request's own KV, observes it for scored retention and releases it as on
+    the single-request route; ``keep`` costs nothing."""
+    if plan.declare_thinking and thinking_start is not None:
+        set_request_extras(s, custom_params=plan.params({THINKING_START: thinking_start}))
+
+
 def _stops(profile: ModelProfile) -> list[str]:
     return list(dict.fromkeys([profile.think_end, profile.think_end.strip(), profile.end_marker]))
 
@@ -163,6 +179,7 @@ def _chunked(s, plan: ThinkPlan) -> Sample:
         probe=lambda st, drop=0: run_probe(st, suffix, config, drop),
         before_chunk=lambda st: mask_eos_in_thinking(st, plan),
     )
+    thinking_start = (s.get_meta_info("thinking_0") or {}).get("prompt_tokens")
     stopped = decision_dict(decision)
     if decision is not None and decision.drop:
         return Sample(text=thinking, thinking=thinking, answer_text="", answer=None,
@@ -174,6 +191,7 @@ def _chunked(s, plan: ThinkPlan) -> Sample:
             thinking_tokens=used, answer_tokens=0, stopped=stopped,
         )
     s += profile.think_end
+    before_answer(s, plan, thinking_start)
     s += sgl.gen("answer", max_tokens=b.max_answer_tokens, **plan.sampling)
     answer_text, meta = finished(s, "answer")
     return Sample(
@@ -227,6 +245,8 @@ def _two_requests(s, plan: ThinkPlan) -> Sample:
         s += sgl.gen(name, max_tokens=b.thinking_tokens - used, stop=list(stops),  # see chunked
                      **plan.sampling)
         text, meta = finished(s, name)
+        if k == 0:
+            thinking_start = meta.get("prompt_tokens")
         used += meta["completion_tokens"]
         parts.append(text)
         closed = meta["finish_reason"]["type"] == "stop"
@@ -240,6 +260,7 @@ def _two_requests(s, plan: ThinkPlan) -> Sample:
         used += plan.wait_len
         k += 1
     s += profile.think_end
+    before_answer(s, plan, thinking_start)
     s += sgl.gen("answer", max_tokens=b.max_answer_tokens, **plan.sampling)
     answer_text, meta = finished(s, "answer")
     thinking = "".join(parts)

@@ -173,11 +173,20 @@ def shared_prefix_decode(query, k_cache, v_cache, plan: DecodePlan, scale: float
 
 def extend_attention(query, output, k_cache, v_cache, req_to_token, req_pool_indices,
                      seq_lens, extend_prefix_lens, extend_seq_lens, scaling, enable_gqa,
-                     causal) -> torch.Tensor:
+                     causal, scoring=None) -> torch.Tensor:
     """query/output [num_new_tokens, Hq, D]; request i's new tokens sit at positions
-    ``[prefix_i, seq_len_i)`` of its row and attend to row positions ``<= their own``."""
+    ``[prefix_i, seq_len_i)`` of its row and attend to row positions ``<= their own``.
+    ``scoring``: (batch positions, ScoreBooks) of requests whose query rows scored retention
+    observes (``thinking_kv.scoring``)."""
     q_lens, prefixes = extend_seq_lens.tolist(), extend_prefix_lens.tolist()
     kv_lens, pools = seq_lens.tolist(), req_pool_indices.tolist()
+    if scoring is not None:
+        from sgl_reason.runtime.thinking_kv.scoring import observe_extend
+
+        starts = [sum(q_lens[:b]) for b in range(len(q_lens))]
+        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+        observe_extend(scoring, query, lambda b: _rows(k_cache, req_to_token[
+            pools[b], :kv_lens[b]].long()), starts, prefixes, scale)
     window = getattr(k_cache, "window", None)
     if window is not None and window.entries:
         if not causal:
@@ -286,13 +295,14 @@ def install() -> bool:
                                 sliding_window_size)
         return extend_attention(query, output, k_cache, v_cache, req_to_token, req_pool_indices,
                                 seq_lens, extend_prefix_lens, extend_seq_lens, scaling,
-                                enable_gqa, causal)
+                                enable_gqa, causal, getattr(self, "_sgl_reason_scoring", None))
 
     def init_forward_metadata(self, forward_batch):
         stock_init(self, forward_batch)
         self._sgl_reason_plan, self._sgl_reason_freed = None, False
         lanes = forward_batch.req_pool_indices.tolist()
         freed, scoring = thinking_kv.forward_inputs(lanes)
+        self._sgl_reason_scoring = scoring if forward_batch.forward_mode.is_extend() else None
         window = getattr(self.token_to_kv_pool, "kv_window", None)
         mode = forward_batch.forward_mode
         if window is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -124,8 +125,16 @@ class EmbeddedRuntime:
     def server_info(self) -> dict:
         return requests.get(self.url + "/get_server_info", timeout=10).json()
 
-    def flush_cache(self) -> None:
-        requests.post(self.url + "/flush_cache", timeout=30).raise_for_status()
+    def flush_cache(self, wait: float = 30.0) -> None:
+        """Empty the radix cache. SGLang refuses while requests run (an aborted one may still
+        be finishing), so this retries until the server is idle, for up to ``wait`` seconds."""
+        deadline = time.monotonic() + wait
+        while True:
+            response = requests.post(self.url + "/flush_cache", timeout=30)
+            if response.ok or time.monotonic() > deadline:
+                response.raise_for_status()
+                return
+            time.sleep(0.2)
 
     def generate(self, text: str | list[str], **sampling_params) -> dict | list[dict]:
         """One ``/generate`` call with the given sampling parameters (no frontend involved)."""

@@ -119,3 +119,44 @@ def test_chunked_thinking_runs_past_32_chunks(reasoner):
     s = result.samples[0]
     assert not s.forced and s.thinking_tokens > 33 * 4, s
     assert s.answer is not None and result.cost.requests > 33
+
+
+@pytest.mark.parametrize("route", ["two", "chunked"])
+def test_every_route_releases_the_thinking(reasoner, route):
+    """The two-request route and the chunked route (an early stop ending the thinking) write
+    the marker as prompt text: their answer request declares where its thinking starts, and
+    release-on-answer frees it as on the single route. The price is one prefill of the
+    thinking by the answer request; what the answer reads changes, as release always does."""
+    from sgl_reason.early_stop import EarlyStop
+
+    url, b = reasoner.url, reasoner.endpoint
+    budget = ThinkingBudget(max_thinking_tokens=400, max_answer_tokens=64, mode="two")
+    stop = None
+    if route == "chunked":  # stops at the model's check, then asks for the answer
+        stop = EarlyStop(signal="probe", chunk_tokens=16, probe_cues=("Check",), probe_agree=1,
+                         probe_confidence=0.9, answer_from_probe=False)
+
+    def run(policy):
+        before = _metric(url, "sgl_reason:thinking_kv_released_tokens_total")
+        result = think_then_answer(QUESTION, budget=budget, backend=b, sampling=GREEDY,
+                                   early_stop=stop, kv_policy=policy)
+        return result, _metric(url, "sgl_reason:thinking_kv_released_tokens_total") - before
+
+    run("keep")  # the prompt enters the cache
+    keep, kept = run("keep")
+    release, released = run("release-on-answer")
+    assert keep.info["route"] == release.info["route"] == route
+    s = release.samples[0]
+    assert s.thinking == keep.samples[0].thinking  # the same thinking, released or not
+    if route == "chunked":
+        assert s.stopped is not None and not s.stopped["answer_from_probe"], s.stopped
+    assert kept == 0
+    # the thinking as the answer request holds it (re-tokenized text: within a token or two)
+    assert abs(released - (s.thinking_tokens - SINK - WINDOW)) <= 2, (released, s)
+    # the answer request prefilled the thinking it released; keep's reused it from the cache
+    extra = release.cost.computed_prefill_tokens - keep.cost.computed_prefill_tokens
+    assert abs(extra - s.thinking_tokens) <= 3, (extra, s.thinking_tokens)
+    assert s.answer_tokens > 0
+    requests.post(url + "/flush_cache", timeout=30).raise_for_status()
+    loads = requests.get(url + "/v1/loads", timeout=10).json()["loads"][0]
+    assert loads["num_used_tokens"] == 0  # nothing leaked (strict memory checks are on)

@@ -129,3 +129,40 @@ def test_decode_records_true_attention_probabilities_for_scored_requests():
         got = book.scores(seq[b])
         assert torch.all(got[:40] == 0)  # tree-owned prefix: never released, never scored
         torch.testing.assert_close(got[40:], ref[40:], atol=1e-5, rtol=1e-4)
+
+
+def test_an_extend_observes_the_rows_decoding_would_have():
+    """A prompt that holds its thinking (the declared route) is observed inside its prefill:
+    each observed query row scores the columns it reads exactly as the decode step with that
+    query would, so its book equals the decode steps' book."""
+    k, v, g = _cache(4)
+    specs = [(0, 50), (20, 90)]  # (cached prefix, new tokens); request 1 is observed
+    rows = torch.zeros(2, 256, dtype=torch.int32)
+    perm = torch.randperm(N, generator=g)
+    off = 0
+    for i, (p, n) in enumerate(specs):
+        rows[i, :p + n] = perm[off:off + p + n].int()
+        off += p + n
+    total = sum(n for _, n in specs)
+    q = torch.randn(total, HQ, D, generator=g).bfloat16()
+    lo, hi = 70, 100  # absolute positions, inside request 1's new tokens [20, 110)
+    for reduce in ("mean", "max"):
+        book = ScoreBook(64, reduce)
+        book.begin_step(110, (lo, hi))
+        for _ in range(2):  # two layers
+            cpu_attention.extend_attention(
+                q, torch.empty_like(q), k, v, rows, torch.arange(2), torch.tensor([50, 110]),
+                torch.tensor([0, 20]), torch.tensor([50, 90]), SCALE, True, True,
+                (torch.tensor([1]), [book]))
+        assert len(book.steps) == 0 and book.scores(110) is not None
+        assert len(book.steps) == hi - lo  # one step per observed row
+        ref = ScoreBook(64, reduce)
+        for p in range(lo, hi):  # the decode steps whose queries are those rows
+            ref.begin_step(p + 1)
+            qp = q[50 + p - 20].unsqueeze(0)
+            plan = cpu_attention.plan_decode(rows[1:2], [p + 1])
+            plan = cpu_attention.DecodePlan(plan.groups, plan.suffix_slots, plan.suffix_mask,
+                                            plan.shared, None, (torch.tensor([0]), [ref]))
+            for _ in range(2):
+                cpu_attention.shared_prefix_decode(qp, k, v, plan, SCALE)
+        torch.testing.assert_close(book.scores(110), ref.scores(110), atol=1e-5, rtol=1e-4)

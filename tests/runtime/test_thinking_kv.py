@@ -178,6 +178,65 @@ def _release_body(work: Workload, i: int, keep) -> dict:
     return body
 
 
+def _declared_body(input_ids: list[int], start: int, params: dict, stream=False) -> dict:
+    return {"input_ids": input_ids, "return_logprob": True, "stream": stream,
+            "sampling_params": {"temperature": 0, "max_new_tokens": A, "ignore_eos": True,
+                                "custom_params": {"thinking_start": start, **params}}}
+
+
+@pytest.mark.parametrize("keep, kept", [(None, 0), (0.25, 24)])
+def test_a_prompt_that_holds_its_thinking_releases_it(server, work, keep, kept):
+    """The declared route (the answer request of the two-request and chunked routes): the
+    prompt holds the thinking and the marker, ``thinking_start`` says where the thinking
+    starts. Its prefix match stops there although the tree holds the whole thinking (a keep
+    request put it there), the thinking is prefilled into the request's own columns, observed
+    inside that prefill (scored retention) and released after the first decode step: the
+    pool's used size drops by the released count while the answer decodes."""
+    url, prompt = server.url, _ids(work, 0)
+    marker = len(work.end_ids)
+    kept_out = _output_ids(_generate(url, work.body(0, "keep")))
+    ids = prompt + kept_out[:T + marker]
+    params = {"thinking_kv_policy": "release-on-answer"}
+    if keep is not None:
+        params["thinking_kv_keep"] = keep
+    released_before = _metric(url, "sgl_reason:thinking_kv_released_tokens_total")
+    seen, meta = {}, None
+    with requests.post(url + "/generate", json=_declared_body(ids, len(prompt), params, True),
+                       stream=True, timeout=600) as r:
+        assert r.status_code == 200, r.text
+        for line in r.iter_lines():
+            if not line.startswith(b"data:") or line == b"data: [DONE]":
+                continue
+            meta = json.loads(line[5:])["meta_info"]
+            if "used" not in seen and meta["completion_tokens"] >= 8:
+                seen.update(n=meta["completion_tokens"], used=_used(url),
+                            thinking=_metric(url, "sgl_reason:thinking_kv_tokens"))
+    assert meta["cached_tokens"] <= len(prompt)  # matched no further than the thinking
+    expected = len(ids) + seen["n"] - (RELEASED - kept)
+    assert expected - 3 <= seen["used"] <= expected + 1, (seen, expected)
+    assert seen["thinking"] == SINK + WINDOW + kept, seen
+    released = _metric(url, "sgl_reason:thinking_kv_released_tokens_total") - released_before
+    assert released == RELEASED - kept
+    if keep is not None:
+        assert "scores from 32 observed prefill rows" in server.server.tail(400)
+    # the released request did not enter the tree: past the thinking, the tree holds only
+    # the keep request's answer, shared for as long as the two answers agree
+    answer = _output_ids({"meta_info": meta})
+    same = next((i for i, (a, b) in enumerate(zip(answer, kept_out[T + marker:])) if a != b),
+                len(answer))
+    assert same < len(answer) - 4  # releasing changed this model's answer: a real check
+    assert _cached_after(url, ids + answer) <= len(ids) + same
+
+
+def test_a_declared_thinking_without_the_marker_is_a_400(server, work):
+    prompt = _ids(work, 0)
+    for start, message in ((len(prompt) - 5, "no end-of-thinking marker"),
+                           (10 ** 6, "an integer in [0,"), ("3", "an integer in [0,")):
+        r = requests.post(server.url + "/generate", timeout=60, json=_declared_body(
+            prompt, start, {"thinking_kv_policy": "release-on-answer"}))
+        assert r.status_code == 400 and message in r.text, r.text
+
+
 def test_no_released_request_reads_a_freed_column(server, work):
     """Freed columns point at slot 0. On a server whose slot 0 holds NaN keys and huge values,
     released requests (window-only and scored) still produce exactly the tokens they produce
@@ -391,14 +450,16 @@ def test_release_on_pressure_frees_only_when_decode_would_not_fit():
     is short: release-on-pressure frees nothing and its tokens are keep's. On a pool that holds
     about three of them at their peak (admission credits the release, as for
     release-on-answer), decode runs short while they answer: thinking KV is freed, lowest score
-    first, instead of a retraction, and no slot leaks under SGLang's strict checks."""
+    first, instead of a retraction. A mixed load (forks, keep, pressure, declared thinking,
+    aborts) is retracted and released on that pool, and no slot leaks under SGLang's strict
+    checks."""
     names = ("thinking_kv_pressure_releases", "thinking_kv_released_tokens", "retracted_requests")
 
-    def run(pool: int, policies: tuple[str, ...]) -> list[tuple]:
+    def run(pool: int, policies: tuple[str, ...], then=None, env=None) -> list[tuple]:
         rows = []
         with EmbeddedRuntime(extra_args=["--thinking-kv-policy", "keep", "--enable-metrics",
                                          "--max-total-tokens", str(pool), *FRESH_LOADS],
-                             env=STRICT) as rt:
+                             env=STRICT | (env or {})) as rt:
             w = Workload(rt.url, (32, T, A), 4)
             ids = [w._tokenize(p) for p in w.prompts]
             for policy in policies:
@@ -414,9 +475,61 @@ def test_release_on_pressure_frees_only_when_decode_would_not_fit():
                              *(b - a for a, b in zip(before, after))))
                 requests.post(rt.url + "/flush_cache", timeout=30).raise_for_status()
                 assert _used(rt.url) == 0
+            if then is not None:
+                retracted = _metric(rt.url, "sgl_reason:retracted_requests_total")
+                then(rt, w, ids)
+                rt.flush_cache()  # waits for the aborted requests to finish
+                assert _used(rt.url) == 0 and "leak" not in rt.server.tail(80).lower()
+                rows.append(_metric(rt.url, "sgl_reason:retracted_requests_total") - retracted)
         return rows
 
     roomy_keep, roomy = run(1536, ("keep", "release-on-pressure"))
     assert roomy[1:] == (0, 0, 0) and roomy[0] == roomy_keep[0]  # nothing short: keep's tokens
+    thoughts = roomy_keep[0]  # each request's thinking and marker, then its answer
+
+    def mixed(rt, w, ids):
+        """Every kind of request at once on the tight pool: keep and forks of one prompt
+        (retracted when decode runs short), release-on-pressure, declared thinking released
+        at once, and two aborted while answering; every slot must come back."""
+        marker = len(w.end_ids)
+        assert all(t[T:T + marker] == w.end_ids for t in thoughts)
+        declared = [_declared_body(ids[i] + thoughts[i][:T + marker], len(ids[i]),
+                                   {"thinking_kv_policy": "release-on-answer"}) for i in (1, 2)]
+        jobs = [("fork0", w.body(0, "keep")), ("fork1", w.body(0, "keep")),
+                ("keep", w.body(3, "keep")), ("pressure", w.body(1, "release-on-pressure")),
+                ("declared0", declared[0]), ("declared1", declared[1]),
+                ("abort0", w.body(2, "release-on-answer") | {"stream": True, "rid": "abort0"}),
+                ("abort1", declared[0] | {"stream": True, "rid": "abort1"})]
+        results = {}
+
+        def go(name, body):
+            if not body.get("stream"):
+                results[name] = _generate(rt.url, body)["meta_info"]["completion_tokens"]
+                return
+            with requests.post(rt.url + "/generate", json=body, stream=True, timeout=600) as r:
+                for line in r.iter_lines():
+                    if line.startswith(b"data:") and line != b"data: [DONE]":
+                        n = json.loads(line[5:])["meta_info"]["completion_tokens"]
+                        if n >= (T + marker + 4 if name == "abort0" else 4):  # released
+                            requests.post(rt.url + "/abort_request", json={"rid": name},
+                                          timeout=30)
+                            break
+            results[name] = "aborted"
+
+        threads = [threading.Thread(target=go, args=job) for job in jobs]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        full = T + marker + A
+        assert results == {"fork0": full, "fork1": full, "keep": full, "pressure": full,
+                           "declared0": A, "declared1": A, "abort0": "aborted",
+                           "abort1": "aborted"}, results
+
     (tight,) = run(560, ("release-on-pressure",))
     assert tight[1] > 0 and 0 < tight[2] <= 4 * RELEASED and tight[3] == 0, tight[1:]
+    # SGLang's own test switch retracts a request every 25 steps: released, declared and
+    # pressured requests come back whole, are re-prefilled and released again
+    (retracted,) = run(560, (), mixed, {"SGLANG_TEST_RETRACT": "1",
+                                        "SGLANG_TEST_RETRACT_INTERVAL": "25"})
+    assert retracted >= 3, retracted

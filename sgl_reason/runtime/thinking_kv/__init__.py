@@ -16,7 +16,9 @@ One concern per module:
 accounting; :func:`forward_inputs` is what the attention backend reads, by request-pool row.
 Per-request override, in ``sampling_params.custom_params``: ``thinking_kv_policy``,
 ``thinking_kv_window``, ``thinking_kv_sink``, ``thinking_kv_keep``, ``thinking_kv_score``,
-``thinking_kv_observe``.
+``thinking_kv_observe``; and ``thinking_start`` (the declared route: the prompt already holds
+the thinking from that position and the server's end marker after it, as in the answer request
+of the two-request and chunked routes; that thinking is re-prefilled and released).
 """
 
 from __future__ import annotations
@@ -79,6 +81,15 @@ def install() -> None:
 
     req_cls.__init__ = req_init
 
+    stock_max_prefix = req_cls._compute_max_prefix_len
+
+    def compute_max_prefix_len(self, input_len):
+        limit = stock_max_prefix(self, input_len)
+        cache = _cache.current()
+        return limit if cache is None else cache.cap_prefix(self, limit)
+
+    req_cls._compute_max_prefix_len = compute_max_prefix_len
+
     scheduler_cls = scheduler.Scheduler
     stock_process = scheduler_cls.process_batch_result
 
@@ -101,9 +112,14 @@ def install() -> None:
         forward_batch = stock_init_new(cls, batch, model_runner, **kwargs)
         cache = _cache.current()
         if cache is not None:
-            decode = batch.forward_mode.is_decode()
-            cache.prepare_forward(batch.reqs, forward_batch.seq_lens.tolist() if decode else [],
-                                  decode)
+            mode = batch.forward_mode
+            if mode.is_decode():
+                cache.prepare_forward(batch.reqs, forward_batch.seq_lens.tolist(), None)
+            elif mode.is_extend() and forward_batch.extend_prefix_lens is not None:
+                cache.prepare_forward(batch.reqs, forward_batch.seq_lens.tolist(),
+                                      forward_batch.extend_prefix_lens.tolist())
+            else:
+                cache.prepare_forward([], [], None)
         return forward_batch
 
     ForwardBatch.init_new = classmethod(init_new)

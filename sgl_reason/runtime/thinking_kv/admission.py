@@ -14,7 +14,13 @@ from __future__ import annotations
 
 from sgl_reason.runtime.thinking_kv import cache as cache_mod
 from sgl_reason.runtime.thinking_kv.launch import BACKEND
-from sgl_reason.runtime.thinking_kv.policy import REQUEST_KEYS, ReqState, peak_output_kv, state
+from sgl_reason.runtime.thinking_kv.policy import (
+    REQUEST_KEYS,
+    THINKING_START,
+    ReqState,
+    peak_output_kv,
+    state,
+)
 from sgl_reason.runtime.thinking_kv.scoring import ScoreBook
 
 
@@ -81,10 +87,38 @@ def attach_state(req) -> None:
             "another order: start it with --thinking-kv-policy demote (or "
             "--radix-eviction-policy priority), or ask for keep, strip or release-on-answer.")
         return
-    st = ReqState(policy)
+    st = ReqState(policy, think_from=len(req.origin_input_ids))
+    if not _declare_thinking(req, st, params, cache.marker_ids):
+        return
     if policy.scored:
         st.book = ScoreBook(policy.observe, policy.score)
     req._sgl_reason_kv = st
+
+
+def _declare_thinking(req, st: ReqState, params: dict | None, marker_ids: list[int]) -> bool:
+    """A request whose prompt already holds thinking (``custom_params.thinking_start``, the
+    position where it starts): the thinking runs to the first of the server's end markers
+    after that position. Aborts (a 400 that names the fix) when there is none."""
+    start = (params or {}).get(THINKING_START)
+    if start is None:
+        return True
+    ids = req.origin_input_ids
+    if not (isinstance(start, int) and not isinstance(start, bool) and 0 <= start < len(ids)):
+        req.set_finish_with_abort(
+            f"custom_params.{THINKING_START} is the input position where the thinking starts: "
+            f"an integer in [0, {len(ids)}) for this prompt, got {start!r}.")
+        return False
+    n = len(marker_ids)
+    at = next((i for i in range(start, len(ids) - n + 1) if list(ids[i:i + n]) == marker_ids),
+              None)
+    if at is None:
+        req.set_finish_with_abort(
+            f"custom_params.{THINKING_START}={start}, but the prompt has no end-of-thinking "
+            f"marker (token ids {marker_ids}) after it: append the marker after the thinking, "
+            f"or drop {THINKING_START}.")
+        return False
+    st.think_from, st.marker_col, st.declared = start, at, True
+    return True
 
 
 def tokens_to_come(req) -> int | None:

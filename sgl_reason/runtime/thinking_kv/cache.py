@@ -14,10 +14,17 @@ Release (``after_decode``, hooked after ``Scheduler.process_batch_result``, once
 | marker generated (output index m)        | release now             | one more step: the marker's query is observed |
 | release                                  | free ``release_span``   | free ``release_span`` less its K best-scored columns |
 
+Declared route (the answer request of the two-request and chunked routes, whose prompt holds
+the thinking and the marker, ``custom_params.thinking_start``): its prefix match stops at the
+thinking (:meth:`cap_prefix`), so the thinking is prefilled into the request's own columns and
+observed inside that prefill; its prefill enters the tree only up to the thinking
+(:meth:`checkpoint_into_tree`); it is released after its first decode step, like a generated
+marker. The cost is one prefill of the thinking.
+
 Every path that frees a row range subtracts the row's freed columns (:meth:`free_kv_row`), so
 no slot is freed twice; a released row is barred from the tree (``skip_radix_cache_insert``:
 it is no longer a valid key), its prompt having entered at prefill. A retracted request comes
-back on a whole row and is released again after its re-prefill.
+back on a whole row, its re-prefill observed where it covers the marker, and is released again.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from sgl_reason.runtime.thinking_kv.columns import FreedColumns, runs
 from sgl_reason.runtime.thinking_kv.launch import check_window, release_supported, think_end_for
 from sgl_reason.runtime.thinking_kv.metrics import Metrics
 from sgl_reason.runtime.thinking_kv.policy import Policy, ReqState, columns_to_free, state
+from sgl_reason.runtime.thinking_kv.scoring import ScoreBook
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +72,8 @@ def cache_class():
             self.held: dict[str, tuple[int, int]] = {}  # rid -> (thinking, answer) KV held
             self.freed = FreedColumns()
             self.step_books: dict[int, object] = {}  # lane -> ScoreBook observed this forward
-            self._told_scored = False  # the first scored release is logged, with its scores
+            self._told_scored: set[bool] = set()  # routes (declared or not) whose first scored
+            # release was logged, with what its scores came from
 
         # -- requests come and go --------------------------------------------------------------
         def claim_kv_row(self, req) -> bool:
@@ -73,8 +82,21 @@ def cache_class():
                 req.skip_radix_cache_insert = True  # the prompt is in the tree since prefill
             return super().claim_kv_row(req)
 
+        def cap_prefix(self, req, limit: int) -> int:
+            """How much of a request's prompt its prefix match may cover: a releasing request
+            matches no further than its thinking, which must sit in its own columns to be
+            released (SGLang's ``Req._compute_max_prefix_len``)."""
+            st = state(req)
+            if st is not None and st.policy.releases and self.release_ok:
+                return min(limit, st.think_from)
+            return limit
+
         def checkpoint_into_tree(self, req, *, up_to: int, **kwargs) -> None:
             st = state(req)
+            if st is not None and st.policy.releases and self.release_ok and not req.finished():
+                # a running releasing request's thinking stays its own (a finished one that
+                # released nothing is inserted whole; one that did is barred from the tree)
+                up_to = max(min(up_to, st.think_from), req.kv.cache_protected_len)
             if not (st is not None and st.policy.name == "demote" and req.finished()):
                 return super().checkpoint_into_tree(req, up_to=up_to, **kwargs)
             # New nodes take the insert's priority, existing ones keep the max of theirs: the
@@ -100,24 +122,33 @@ def cache_class():
             if st is not None:  # a retracted request comes back on a new, whole row
                 st.release_done = False
                 st.pending = st.pending_scores = None
-                if st.policy.scored:
-                    st.book = None  # its re-prefill is not observed: the release keeps the latest
+                if st.policy.scored:  # observed again: by its re-prefill or its next steps
+                    st.book = ScoreBook(st.policy.observe, st.policy.score)
             if self.held.pop(req.rid, None) is not None:
                 self._publish()
 
         # -- what the next forward reads (ForwardBatch.init_new hook -> attention backend) ------
-        def prepare_forward(self, reqs, seq_lens: list[int], decode: bool) -> None:
-            """Before a forward: open this step's score books. The attention backend gets them,
-            and the freed columns, by lane (:meth:`forward_inputs`): SGLang hands it a copy of
-            the ForwardBatch, so nothing set on the batch object reaches it."""
+        def prepare_forward(self, reqs, seq_lens: list[int], prefix_lens: list[int] | None
+                            ) -> None:
+            """Before a forward (``prefix_lens``: an extend's first positions; None: decode):
+            open this forward's score books. The attention backend gets them, and the freed
+            columns, by lane (:meth:`forward_inputs`): SGLang hands it a copy of the
+            ForwardBatch, so nothing set on the batch object reaches it."""
             self.step_books = {}
-            if not decode:
-                return
             for b, req in enumerate(reqs):
                 st = state(req)
                 if st is None or st.book is None or st.release_done or self.freed.count(req.kv):
                     continue  # an observed row has no freed column
-                st.book.begin_step(seq_lens[b])
+                if prefix_lens is None:
+                    st.book.begin_step(seq_lens[b])
+                else:  # an extend observes the rows it computes of the observation window
+                    rows = st.observed_rows(len(self.marker_ids))
+                    if rows is None:
+                        continue
+                    lo, hi = max(rows[0], prefix_lens[b]), min(rows[1], seq_lens[b])
+                    if lo >= hi:
+                        continue
+                    st.book.begin_step(seq_lens[b], (lo, hi))
                 self.step_books[req.kv.req_pool_idx] = st.book
 
         def forward_inputs(self, lanes: list[int]):
@@ -141,13 +172,15 @@ def cache_class():
                 st = state(req)
                 if st is None or req.finished() or not req.kv.holds_kv:
                     continue
-                out = req.output_ids
-                if st.marker_at is None:
-                    st.marker_at = self._find_marker(out, st)
-                if st.marker_at is not None and st.policy.releases and not st.release_done:
-                    # scored: the marker's own query is observed in the step after it is generated
-                    due = st.marker_at + len(self.marker_ids) + (1 if st.policy.scored else 0)
-                    if len(out) >= due:
+                out, prompt = req.output_ids, len(req.origin_input_ids)
+                if st.marker_col is None:
+                    at = self._find_marker(out, st)
+                    st.marker_col = None if at is None else prompt + at
+                if st.marker_col is not None and st.policy.releases and not st.release_done:
+                    # scored: a generated marker's own query is observed in the step after it;
+                    # a marker in the prompt was observed by the prefill
+                    marker_end = st.marker_col + len(self.marker_ids)
+                    if prompt + len(out) >= marker_end + (1 if st.policy.scored else 0):
                         if st.policy.name == "release-on-pressure":
                             self._decide(req, st)  # freed only when memory runs short
                         else:
@@ -156,9 +189,9 @@ def cache_class():
                             releases += freed > 0
                         st.release_done = True  # once per row (a retracted one comes back whole)
                         st.book = None
-                m = st.marker_at
-                thinking = (len(out) if m is None else m) - self.freed.count(req.kv)
-                self.held[req.rid] = (thinking, 0 if m is None else len(out) - m)
+                end = prompt + len(out)
+                m = end if st.marker_col is None else st.marker_col
+                self.held[req.rid] = (m - st.think_from - self.freed.count(req.kv), end - m)
             self._publish(released, releases)
             return released
 
@@ -175,14 +208,17 @@ def cache_class():
         def _scores(self, req, st: ReqState):
             if not st.policy.scored or st.book is None:
                 return None
-            scores = st.book.scores(len(req.origin_input_ids) + st.marker_at)
+            scores = st.book.scores(st.marker_col)
             st.observed = len(st.book.steps)
             return scores
 
+        def _columns(self, req, st: ReqState, scores) -> torch.Tensor:
+            return columns_to_free(st.think_from, req.kv.cache_protected_len,
+                                   st.marker_col - st.think_from, st.policy, scores)
+
         def _release(self, req, st: ReqState) -> int:
             kv = req.kv
-            cols = columns_to_free(len(req.origin_input_ids), kv.cache_protected_len,
-                                   st.marker_at, st.policy, self._scores(req, st))
+            cols = self._columns(req, st, self._scores(req, st))
             if cols.numel() == 0:
                 return 0
             if self.freed.count(kv):
@@ -193,10 +229,8 @@ def cache_class():
         def _decide(self, req, st: ReqState) -> None:
             """release-on-pressure: the columns release-on-answer would free, lowest score first
             (oldest first without scores), kept until memory runs short (:meth:`relieve`)."""
-            kv = req.kv
             scores = self._scores(req, st)
-            cols = columns_to_free(len(req.origin_input_ids), kv.cache_protected_len,
-                                   st.marker_at, st.policy, scores)
+            cols = self._columns(req, st, scores)
             if scores is None:
                 keys = cols.double()
             else:
@@ -240,12 +274,12 @@ def cache_class():
                 logger.error("sgl-reason: not releasing %d columns of %s: committed %d",
                              cols.numel(), req.rid, kv.kv_committed_len)
                 return 0
-            if st.policy.scored and not self._told_scored:
-                self._told_scored = True  # once per server: scores come from the attention
+            if st.policy.scored and st.declared not in self._told_scored:
+                self._told_scored.add(st.declared)  # once per server and route
                 logger.info("sgl-reason thinking KV: first scored release (%s, %s): %d thinking "
-                            "tokens, %d freed, scores from %d observed steps", req.rid,
-                            st.policy.name, st.marker_at, cols.numel(),
-                            st.observed)
+                            "tokens, %d freed, scores from %d observed %s", req.rid,
+                            st.policy.name, st.marker_col - st.think_from, cols.numel(),
+                            st.observed, "prefill rows" if st.declared else "steps")
             super().free_kv_row(kv, runs(cols))
             row[cols] = 0  # SGLang's padding slot: never allocated, never freed
             self.freed.add(kv, cols)

@@ -31,6 +31,10 @@ ENV = {
 REQUEST_KEYS = {"policy": "thinking_kv_policy", "window": "thinking_kv_window",
                 "sink": "thinking_kv_sink", "keep": "thinking_kv_keep",
                 "score": "thinking_kv_score", "observe": "thinking_kv_observe"}
+# custom_params key of a request whose prompt already holds thinking and the end marker (the
+# answer request of the two-request and chunked routes): the input position where the
+# thinking starts. The server finds its own marker after it and releases that span.
+THINKING_START = "thinking_start"
 
 
 def parse_keep(text: str | None) -> float | int | None:
@@ -203,17 +207,33 @@ def peak_output_kv(custom_params: dict | None, max_new_tokens: int, prompt_len: 
 
 @dataclass
 class ReqState:
-    """What the backend tracks for one running request."""
+    """What the backend tracks for one running request. Positions are row columns (= token
+    positions): thinking is ``[think_from, marker_col)``, the marker starts at ``marker_col``.
+    Generated route: ``think_from`` is the prompt length and the marker is found in the output.
+    Declared route (:data:`THINKING_START`): both lie inside the prompt, known at admission."""
 
     policy: Policy
+    think_from: int  # first thinking column
+    declared: bool = False  # thinking and marker came in the prompt
     scanned: int = 0  # output_ids already searched for the marker
-    marker_at: int | None = None  # output index where the end-of-thinking marker starts
+    marker_col: int | None = None  # row column where the end-of-thinking marker starts
     release_done: bool = False  # the current row has been through release (or, under
     # pressure, its releasable columns are decided)
     book: object | None = None  # scoring.ScoreBook while a scored request thinks
-    observed: int = 0  # decode steps behind the scores of the last release decision
+    observed: int = 0  # query steps behind the scores of the last release decision
     pending: torch.Tensor | None = None  # release-on-pressure: columns not yet freed, lowest
     pending_scores: torch.Tensor | None = None  # score first, and their scores
+
+
+    def observed_rows(self, marker_len: int) -> tuple[int, int] | None:
+        """The query positions scored retention observes, ``[lo, hi)``: the last ``observe``
+        thinking tokens and the marker (None until the marker is known). A decode step's
+        query is the token at its position, so decoding observes exactly these rows; a prefill
+        (declared route, or a retracted request's re-prefill) observes them inside its extend."""
+        if self.marker_col is None:
+            return None
+        hi = self.marker_col + marker_len
+        return max(self.think_from, hi - self.policy.observe), hi
 
 
 def state(req) -> ReqState | None:
