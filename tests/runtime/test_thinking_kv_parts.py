@@ -158,3 +158,16 @@ def test_every_path_that_reads_freed_columns_unknowingly_is_refused(change, mess
     assert launch.release_supported(SimpleNamespace(**base)) == []  # CPU: overlap is safe
     problems = launch.release_supported(SimpleNamespace(**(base | change)))
     assert any(message in p for p in problems), problems
+
+
+def test_observed_rows_are_the_last_thinking_queries_and_the_marker():
+    """What decoding observes (the queries of the last ``observe`` thinking tokens and of the
+    marker) is what a prefill of a declared thinking observes: the same positions."""
+    from sgl_reason.runtime.thinking_kv.policy import ReqState
+
+    st = ReqState(Policy("release-on-answer", keep=0.25, observe=32), think_from=40)
+    assert st.observed_rows(3) is None  # the marker is not known yet
+    st.marker_col = 140  # thinking [40, 140), marker [140, 143)
+    assert st.observed_rows(3) == (111, 143)
+    st.marker_col = 50  # a thinking shorter than the window: nothing before it is observed
+    assert st.observed_rows(1) == (40, 51)

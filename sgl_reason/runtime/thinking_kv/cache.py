@@ -139,10 +139,12 @@ def cache_class():
                 st = state(req)
                 if st is None or st.book is None or st.release_done or self.freed.count(req.kv):
                     continue  # an observed row has no freed column
+                rows = st.observed_rows(len(self.marker_ids))
                 if prefix_lens is None:
+                    if rows is not None and seq_lens[b] - 1 >= rows[1]:
+                        continue  # past the window: a declared thinking's prefill observed it
                     st.book.begin_step(seq_lens[b])
                 else:  # an extend observes the rows it computes of the observation window
-                    rows = st.observed_rows(len(self.marker_ids))
                     if rows is None:
                         continue
                     lo, hi = max(rows[0], prefix_lens[b]), min(rows[1], seq_lens[b])

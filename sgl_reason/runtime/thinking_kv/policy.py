@@ -224,7 +224,6 @@ class ReqState:
     pending: torch.Tensor | None = None  # release-on-pressure: columns not yet freed, lowest
     pending_scores: torch.Tensor | None = None  # score first, and their scores
 
-
     def observed_rows(self, marker_len: int) -> tuple[int, int] | None:
         """The query positions scored retention observes, ``[lo, hi)``: the last ``observe``
         thinking tokens and the marker (None until the marker is known). A decode step's
