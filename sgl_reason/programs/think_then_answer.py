@@ -14,7 +14,8 @@ where its thinking starts (:func:`before_answer`), so a releasing policy frees i
 
 Tie-break: none (one sample). Cost: 1 prefill of the prompt + <= max_thinking + len(marker) +
 max_answer decoded tokens (single route); the two-request route adds one prefill of the
-marker's few tokens per segment, the rest is cached.
+marker's few tokens per segment, the rest is cached (under a releasing thinking-KV policy, the
+answer request prefills the thinking once more, into KV it can release).
 """
 
 from __future__ import annotations

@@ -488,9 +488,9 @@ def test_release_on_pressure_frees_only_when_decode_would_not_fit():
     thoughts = roomy_keep[0]  # each request's thinking and marker, then its answer
 
     def mixed(rt, w, ids):
-        """Every kind of request at once on the tight pool: keep and forks of one prompt
-        (retracted when decode runs short), release-on-pressure, declared thinking released
-        at once, and two aborted while answering; every slot must come back."""
+        """Every kind of request at once on the tight pool, retracted by the switch as they
+        run: keep and forks of one prompt, release-on-pressure, declared thinking released at
+        once, and two aborted while answering; every slot must come back."""
         marker = len(w.end_ids)
         assert all(t[T:T + marker] == w.end_ids for t in thoughts)
         declared = [_declared_body(ids[i] + thoughts[i][:T + marker], len(ids[i]),
