@@ -21,7 +21,7 @@ Rules (scores over thinking columns; higher is kept):
 
     HF_HUB_OFFLINE=1 .venv/bin/python experiments/retention_rules.py --limit 10 \
         --json experiments/results/retention_rules.json
-    HF_HUB_OFFLINE=1 .venv/bin/python experiments/retention_rules.py --limit 7 \
+    HF_HUB_OFFLINE=1 .venv/bin/python experiments/retention_rules.py --limit 5 \
         --rules last32,answer --shares 0.15,0.2 --decode   # free-running answers too
 
 With ``--decode`` each answer is also decoded free-running (greedy, every query after the
@@ -115,7 +115,6 @@ def decode(lm, ids: torch.Tensor, marker: int, freed: torch.Tensor, eos: int,
 
 
 def main() -> None:
-    global RULES, SHARES
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--limit", type=int, default=10, help="held-out problems per family")
     parser.add_argument("--rules", default=",".join(RULES))
@@ -125,8 +124,8 @@ def main() -> None:
                              "final-answer agreement with keep and accuracy")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
-    RULES = tuple(args.rules.split(","))
-    SHARES = tuple(float(x) for x in args.shares.split(","))
+    rules = tuple(args.rules.split(","))
+    shares = tuple(float(x) for x in args.shares.split(","))
     torch.manual_seed(0)
     path = prepare(model="reasoner")
     tok = AutoTokenizer.from_pretrained(path)
@@ -135,9 +134,9 @@ def main() -> None:
     profile = profile_for(path.name)
     end_id = tok.convert_tokens_to_ids(profile.end_token)
     problems = problem_set(HELDOUT, limit=args.limit, families=REASONER_FAMILIES)
-    rows = {(r, s): [] for r in RULES for s in SHARES}
+    rows = {(r, s): [] for r in rules for s in shares}
     rows[("keep", 0)] = []
-    freed_share = {(r, s): [] for r in RULES for s in SHARES}
+    freed_share = {(r, s): [] for r in rules for s in shares}
     decoded = {key: [] for key in rows}  # (same final answer as keep, correct)
     eos = tok.convert_tokens_to_ids("<|im_end|>")
     t0 = time.time()
@@ -170,8 +169,8 @@ def main() -> None:
         if args.decode:
             decoded[("keep", 0)].append(answer_under(none))
         thinking = marker - prompt
-        for rule in RULES:
-            for share in SHARES:
+        for rule in rules:
+            for share in shares:
                 policy = Policy("release-on-answer", keep=share)
                 freed = columns_to_free(prompt, prompt, thinking, policy, scores[rule])
                 rows[(rule, share)].append(replay(lm, out, prompt, marker, freed))
@@ -180,7 +179,7 @@ def main() -> None:
                     decoded[(rule, share)].append(answer_under(freed))
         print(f"[{i + 1}/{len(problems)} {time.time() - t0:.0f}s] {p.family} thinking "
               f"{thinking}: " + " ".join(f"{r}@{s}={int(rows[(r, s)][-1][0])}"
-                                         for r in RULES for s in SHARES), flush=True)
+                                         for r in rules for s in shares), flush=True)
     report = {}
     for (rule, share), got in rows.items():
         name = rule if rule == "keep" else f"{rule}-{int(share * 100)}%"
