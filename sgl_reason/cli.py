@@ -32,6 +32,21 @@ def _cmd_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def _counts(text: str) -> dict[str, int]:
+    """``chain_sum=400,leg_counting=100`` -> traces per family (families from the traces'
+    own list)."""
+    from sgl_reason.reasoner.traces import FAMILIES
+
+    counts = {}
+    for item in text.split(","):
+        name, _, n = item.partition("=")
+        if name.strip() not in FAMILIES or not n.strip().isdigit():
+            raise SystemExit(f"--counts: {item!r} is not FAMILY=N with FAMILY one of "
+                             f"{', '.join(FAMILIES)}")
+        counts[name.strip()] = int(n)
+    return counts
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -39,8 +54,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from sgl_reason.reasoner.train import TrainConfig, train
 
     defaults = TrainConfig()
+    counts = _counts(args.counts) if args.counts else defaults.counts
     config = TrainConfig(
-        counts={f: max(1, round(n * args.scale)) for f, n in defaults.counts.items()},
+        counts={f: max(1, round(n * args.scale)) for f, n in counts.items()},
         seed=args.seed, device=args.device, init_adapter=args.init_adapter,
         lr=args.lr or defaults.lr, decision_weight=args.decision_weight,
     )
@@ -318,6 +334,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=1_000_000, help="train-reasoner: data and init seed")
     p.add_argument("--scale", type=float, default=1.0,
                    help="train-reasoner: fraction of the default number of traces (pilot: 0.05)")
+    p.add_argument("--counts", metavar="FAMILY=N[,...]",
+                   help="train-reasoner: traces per family instead of the default mix "
+                   "(scaled by --scale)")
     p.add_argument("--init-adapter", metavar="DIR",
                    help="train-reasoner: continue from this adapter folder instead of zeros "
                    "(the shipped one: sgl_reason/reasoner/adapter)")

@@ -7,9 +7,12 @@ wrong digit of a long number, a dropped borrow, "124 is less than 47"):
 
 - every column is named by its place (``tens 2+8+1=11, 1 carry 1``), so the digit to fetch and
   the digit to write are found by the label, not by counting positions;
-- a borrow is its own fact (``tens 6-1=5, 5<8, borrow: 15-8=7``);
+- a borrow is its own fact, decided after both digits are written (``tens 6-1=5, 5 and 8: 5<8,
+  borrow: 15-8=7``);
 - before a difference the two numbers are compared, length first, then digit by digit from the
-  left (``both have 2 digits, 9=9, 4<5: 95 is larger``).
+  left, each pair written before its sign (``both have 2 digits, 9 and 9: 9=9, 4 and 5: 4<5:
+  95 is larger``);
+- a product's carry is added as its own fact (``tens 3*7=21, 21+2=23, 3 carry 2``).
 
 A *slip* replaces one column's result with a plausible wrong one (off by one) and carries the
 error through, as a careless human would; the trace builder lets a later check catch it. The
@@ -21,7 +24,7 @@ loss: the model learns to catch and fix a slip, never to make one.
 | one-digit operands   | the fact itself: ``7+6=13``                                         |
 | a + b (a, b >= 0)    | ``ones 7+6=13, 3 carry 1; tens 2+8+1=11, 1 carry 1; hundreds 4+3+1=8.  |
 |                      | So 427+386=813``                                                    |
-| a - b (a >= b >= 0)  | ``ones 3<7, borrow: 13-7=6; tens 6-1=5, 5<8, borrow: 15-8=7; ...``  |
+| a - b (a >= b >= 0)  | ``ones 3 and 7: 3<7, borrow: 13-7=6; tens 6-1=5, 5 and 8: 5<8, ...`` |
 | pos - neg            | the comparison, then the larger minus the smaller, then the sign    |
 | signed a + b, a - b  | reduced to one of the above, the reduction said in words            |
 | a * b                | ``a`` times each digit of ``b`` in named columns, partials added    |
@@ -130,8 +133,7 @@ def sub_columns(a: int, b: int, slip: Slip | None = None) -> Worked:
             part.append(f"{x}-1={x - 1}")
             x -= 1
         borrow = 1 if x < y else 0
-        if borrow:
-            part.append(f"{x}<{y}, borrow:")
+        part.append(f"{_pair(x, y)}" + (", borrow:" if borrow else ""))
         top = x + 10 * borrow
         text, d = _fact(f"{top}-{y}", top - y, slip, hi=9)
         part.append(text)
@@ -139,6 +141,13 @@ def sub_columns(a: int, b: int, slip: Slip | None = None) -> Worked:
         out.append(d)
     value = int("".join(str(d) for d in reversed(out)))
     return Worked(value, "; ".join(parts) + f". So {a}-{b}={value}")
+
+
+def _pair(x: int, y: int) -> str:
+    """Two digits, then their order: ``3 and 7: 3<7``. The sign is written after both digits,
+    so it is read off the page; v3 wrote ``3<7`` and its errors were that sign, chosen before
+    the second digit was on the page (``5<1``, ``8>8``)."""
+    return f"{x} and {y}: {x}{'=' if x == y else ('<' if x < y else '>')}{y}"
 
 
 def compare(a: int, b: int) -> str:
@@ -150,11 +159,10 @@ def compare(a: int, b: int) -> str:
             return f"{len(s)} digit" + ("s" if len(s) > 1 else "")
         return f"{a} has {n(sa)}, {b} has {n(sb)}: {max(a, b)} is larger"
     if len(sa) == 1:
-        return f"{a}={b}: the same" if a == b else f"{min(a, b)}<{max(a, b)}: {max(a, b)} is larger"
+        return f"{_pair(a, b)}: " + ("the same" if a == b else f"{max(a, b)} is larger")
     seen = []
     for x, y in zip(sa, sb):
-        sign = "=" if x == y else ("<" if x < y else ">")
-        seen.append(f"{x}{sign}{y}")
+        seen.append(_pair(int(x), int(y)))
         if x != y:
             break
     tail = "the same" if a == b else f"{max(a, b)} is larger"
@@ -172,9 +180,9 @@ def _difference(pos: int, neg: int, slip: Slip | None) -> Worked:
     if pos < 10 and neg < 10:
         if pos >= neg:
             text, value = _fact(f"{pos}-{neg}", pos - neg, slip)
-            return Worked(value, text)
+            return Worked(value, f"{_pair(pos, neg)}, {text}")
         text, value = _fact(f"{neg}-{pos}", neg - pos, slip)
-        return Worked(-value, f"{pos}<{neg}, so -({neg}-{pos}): {text}, so {-value}")
+        return Worked(-value, f"{_pair(pos, neg)}, so -({neg}-{pos}): {text}, so {-value}")
     if neg == 0:
         return Worked(pos, f"{pos}-0={pos}")
     which = compare(pos, neg)
@@ -224,8 +232,10 @@ def mul_columns(a: int, b: int, slip: Slip | None = None) -> Worked:
         else:
             carry, parts, out = 0, [], []
             for i, x in enumerate(_digits(a)):
-                expr = f"{x}*{d}" + (f"+{carry}" if carry else "")
-                fact, p = _fact(expr, x * d + carry, slip)
+                fact, p = _fact(f"{x}*{d}", x * d, slip)
+                if carry:  # the product, then the carry added: one operation a fact
+                    more, p = _fact(f"{p}+{carry}", p + carry, slip)
+                    fact = f"{fact}, {more}"
                 carry = p // 10
                 parts.append(f"{_place(i)} {fact}" + (f", {p % 10} carry {carry}" if carry else ""))
                 out.append(p % 10)

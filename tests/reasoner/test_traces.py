@@ -73,13 +73,19 @@ def test_column_arithmetic_is_exact_and_a_slip_is_one_wrong_digit_fact():
 def test_every_decision_is_written_where_it_is_made():
     """The v1 reasoner failed on silent decisions: the comparison before a difference, the
     borrow, the column a digit comes from. The traces now spell each one out."""
-    assert arith.compare(94, 95) == "both have 2 digits, 9=9, 4<5: 95 is larger"
+    assert arith.compare(94, 95) == "both have 2 digits, 9 and 9: 9=9, 4 and 5: 4<5: 95 is larger"
     assert arith.compare(124, 47) == "124 has 3 digits, 47 has 2 digits: 124 is larger"
     assert arith.work(863, "-", 787).text == (
-        "both have 3 digits, 8>7: 863 is larger. ones 3<7, borrow: 13-7=6; "
-        "tens 6-1=5, 5<8, borrow: 15-8=7; hundreds 8-1=7, 7-7=0. So 863-787=76")
+        "both have 3 digits, 8 and 7: 8>7: 863 is larger. ones 3 and 7: 3<7, borrow: 13-7=6; "
+        "tens 6-1=5, 5 and 8: 5<8, borrow: 15-8=7; hundreds 8-1=7, 7 and 7: 7=7, 7-7=0. "
+        "So 863-787=76")
     assert arith.work(-3, "+", 98).value == 95 and "98 is larger" in arith.work(-3, "+", 98).text
-    assert arith.work(37, "-", 36).text.startswith("both have 2 digits, 3=3, 7>6: 37 is larger")
+    assert arith.work(37, "-", 36).text.startswith(
+        "both have 2 digits, 3 and 3: 3=3, 7 and 6: 7>6: 37 is larger")
+    # v3's errors were signs chosen before the second digit was written, and a product's carry
+    # added inside the product: v4 writes both digits first and adds the carry as its own fact
+    assert arith.work(6, "-", 9).text.startswith("6 and 9: 6<9, so -(9-6)")
+    assert "tens 9*8=72, 72+3=75, 5 carry 7" in arith.work(94, "*", 28).text
 
 
 def test_held_out_questions_are_never_trained_on():
