@@ -43,6 +43,14 @@ def test_an_unknown_model_name_lists_the_known_ones(capsys, tmp_path):
     assert "not a known model name (reasoner, smollm2)" in capsys.readouterr().err
 
 
+def test_bad_training_counts_name_the_families():
+    """Checked before any model is loaded: a typo must not cost a training run."""
+    with pytest.raises(SystemExit, match="FAMILY=N with FAMILY one of chain_sum, basic_arithmetic"):
+        main(["model", "train-reasoner", "--counts", "chain_sums=10"])
+    with pytest.raises(SystemExit, match="'leg_counting=many'"):
+        main(["model", "train-reasoner", "--counts", "chain_sum=10,leg_counting=many"])
+
+
 def test_bad_thinking_tier(capsys):
     with pytest.raises(SystemExit):
         main(["eval", "--program", "think_then_answer", "--data", "x", "--max-thinking-tokens", "lots"])
