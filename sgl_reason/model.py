@@ -44,7 +44,7 @@ ADAPTER_DIR = Path(__file__).parent / "reasoner" / "adapter"
 # sha256 of the shipped adapter's files (written by `sgl-reason model train-reasoner`).
 ADAPTER_SHA256 = {
     "adapter_config.json": "c339ec9b2c3845dab269cc620ff2ed7e7d0efeed9a1e8ea4f25ba295adaa9f19",
-    "adapter_model.safetensors": "29c78725bcee37cbfa5c9c3ec844d1d8ed3dd88baae08440cc05369ed5415717",
+    "adapter_model.safetensors": "83cc1b84133ee8f2e09dfe002519610a6803f0bc7fa133ae56fac20ed8c0f6e2",
 }
 
 
