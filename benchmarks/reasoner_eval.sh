@@ -82,5 +82,6 @@ if r['family'] in '$ARITH'.split(','))))")
   stop "$model"
 done
 echo "median natural thinking (reasoner, arithmetic families): $median tokens"
-"$BIN/sgl-reason" plot "$OUT"/reasoner_budget*.summary.json "$OUT"/smollm2_budget*.summary.json \
-  --out "$OUT/plots"
+shopt -s nullglob  # MODELS may have left one model out
+budgets=("$OUT"/reasoner_budget*.summary.json "$OUT"/smollm2_budget*.summary.json)
+if [ ${#budgets[@]} -gt 0 ]; then "$BIN/sgl-reason" plot "${budgets[@]}" --out "$OUT/plots"; fi

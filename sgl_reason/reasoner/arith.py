@@ -133,7 +133,7 @@ def sub_columns(a: int, b: int, slip: Slip | None = None) -> Worked:
             part.append(f"{x}-1={x - 1}")
             x -= 1
         borrow = 1 if x < y else 0
-        part.append(f"{_pair(x, y)}" + (", borrow:" if borrow else ""))
+        part.append(_pair(x, y) + (", borrow:" if borrow else ""))
         top = x + 10 * borrow
         text, d = _fact(f"{top}-{y}", top - y, slip, hi=9)
         part.append(text)

@@ -122,8 +122,8 @@ def cache_class():
             if st is not None:  # a retracted request comes back on a new, whole row
                 st.release_done = False
                 st.pending = st.pending_scores = None
-                if st.policy.scored and not req.finished():  # observed again: by its
-                    # re-prefill or its next steps
+                # observed again, by its re-prefill or its next steps
+                if st.policy.scored and not req.finished():
                     st.book = ScoreBook(st.policy.observe, st.policy.score)
             if self.held.pop(req.rid, None) is not None:
                 self._publish()
