@@ -12,6 +12,7 @@ import requests
 from sgl_reason.service import Gateway, Service, ServiceConfig, _Splitter
 
 QUESTION = "State the final answer to the following arithmetic problem: 37 + 48 - 21 ="
+LONG_QUESTION = "Calculate 84 * 97 - 65 * 38 + 29 * 76."
 SHORT = {"max_thinking_tokens": 48}
 
 
@@ -206,11 +207,15 @@ def test_limits_429_past_concurrency_and_504_past_the_timeout(reasoner):
     # the held slot before the second request arrives, which then meets the timeout (504).
     busy = Service(reasoner.endpoint, ServiceConfig(max_concurrency=1, timeout_s=300),
                    "reasoner")
+    # The held stream must outlast the second request's admission on a loaded machine: QUESTION
+    # thinks about 200 tokens (about 15 s here, and CI once finished it first), this one about
+    # 1,100. Leaving the stream cancels it, so the length costs the suite nothing.
+    long = {**body, "messages": [{"role": "user", "content": LONG_QUESTION}], "stream": True}
     with Gateway(busy) as g:
         with httpx.Client(timeout=60) as http:
-            with http.stream("POST", g.url + "/v1/chat/completions",
-                             json={**body, "stream": True}) as held:
+            with http.stream("POST", g.url + "/v1/chat/completions", json=long) as held:
                 next(held.iter_lines())  # in flight
+                assert busy.in_flight == 1
                 r = requests.post(g.url + "/v1/chat/completions", json=body, timeout=60)
                 assert r.status_code == 429 and "retry later" in r.json()["error"]["message"]
         assert 'status="429"' in requests.get(g.url + "/metrics", timeout=10).text
