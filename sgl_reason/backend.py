@@ -28,6 +28,7 @@ import logging
 import threading
 import urllib.error
 import uuid
+import warnings
 
 import requests
 
@@ -94,6 +95,17 @@ _CONNECTION_ERRORS = (urllib.error.URLError, ConnectionError, http.client.HTTPEx
 
 class ProgramCancelled(RuntimeError):
     """The program's :class:`CancelScope` was cancelled (its client left, or it timed out)."""
+
+
+def quiet_cancelled_programs() -> None:
+    """Silence the traceback SGLang's executor thread warns with when a ``gen`` raises
+    :class:`ProgramCancelled`: a client leaving is routine, and the caller still gets the
+    exception. Installed on import; other errors keep their warning."""
+    warnings.filterwarnings("ignore", category=UserWarning,
+                            message=r"(?s)Error in stream_executor: .*ProgramCancelled")
+
+
+quiet_cancelled_programs()
 
 
 class CancelScope:

@@ -12,6 +12,15 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
+@pytest.fixture(autouse=True)
+def _as_installed_warnings():
+    """pytest resets warning filters per test: put back the one sgl_reason installs on import,
+    so a test sees the warnings a user would."""
+    from sgl_reason.backend import quiet_cancelled_programs
+
+    quiet_cancelled_programs()
+
+
 @pytest.fixture(scope="session")
 def runtime():
     """The real SGLang server on the prepared default model, started once per test session."""

@@ -22,7 +22,12 @@ from __future__ import annotations
 
 import sglang as sgl
 
-from sgl_reason.backend import OUTPUT_IDS_KEY, ReasonBackend, set_request_extras
+from sgl_reason.backend import (
+    OUTPUT_IDS_KEY,
+    ProgramCancelled,
+    ReasonBackend,
+    set_request_extras,
+)
 from sgl_reason.early_stop import EarlyStop
 from sgl_reason.programs.chunked import decision_dict, generate_chunked, run_probe
 from sgl_reason.profiles import ModelProfile, Sampling
@@ -302,7 +307,16 @@ def _split(text: str, marker: str) -> tuple[str, str]:
 def think_then_answer_program(s, question, plan, system=None):
     """One question: prompt, think within the budget, close, answer."""
     open_prompt(s, question, plan.profile, system)
-    s["sample"] = think(s, plan)
+    try:
+        s["sample"] = think(s, plan)
+    except ProgramCancelled as e:
+        ex = s.stream_executor
+        if not ex.stream:
+            raise
+        # Streamed (the gateway): SGLang runs this function on a thread of its own and the
+        # caller reads ``ex.error_``; raising here would only print a thread traceback each
+        # time a client leaves.
+        ex.error_ = ex.error_ or e
 
 
 def think_then_answer(
