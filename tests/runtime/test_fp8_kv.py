@@ -224,7 +224,7 @@ def test_per_token_server_generates_and_refuses_bad_flags():
 
 
 @pytest.mark.server
-def test_int8_per_token_head_server_reads_what_16_bit_reads():
+def test_int8_per_token_head_server_reads_what_16_bit_reads(fresh_cache):
     """``--kv-cache-dtype int8_per_token_head`` (vLLM's name) builds the int8 pool, and its
     next-token distributions along a teacher-forced text stay close to the 16-bit server's;
     with a 16-bit window of the last 64 tokens (``--kv-full-precision-tokens 0,64``) closer."""
@@ -244,8 +244,7 @@ def test_int8_per_token_head_server_reads_what_16_bit_reads():
     assert "per-token KV pool: int8 codes" in started, started[-3000:]
     assert "KV window: first 0 and last 64 tokens" in log, log[-3000:]
     assert greedy["meta_info"]["completion_tokens"] == 80 and greedy["text"].strip()
-    with EmbeddedRuntime() as rt:
-        ref = top_logprobs(rt, text)
+    ref = top_logprobs(fresh_cache, text)  # the session's 16-bit server, its cache emptied
     kl, top1 = kl_and_top1(ref, ours)
     assert len(ref) > 250 and kl < 0.02 and top1 > 0.9, (kl, top1)
     kl_window, _ = kl_and_top1(ref, windowed)
