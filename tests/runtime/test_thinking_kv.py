@@ -445,10 +445,10 @@ def test_serve_refuses_a_window_larger_than_the_context():
 
 # -- release under pressure (its own small pool) ------------------------------------------------
 
-def test_release_on_pressure_frees_only_when_decode_would_not_fit():
-    """Four 32/96/32 requests need ~4 x 161 slots at their peak. On a 1,536-token pool nothing
-    is short: release-on-pressure frees nothing and its tokens are keep's. On a pool that holds
-    about three of them at their peak (admission credits the release, as for
+def test_release_on_pressure_frees_only_when_decode_would_not_fit(server):
+    """Four 32/96/32 requests need ~4 x 161 slots at their peak. On the module's 1,536-token
+    pool nothing is short: release-on-pressure frees nothing and its tokens are keep's. On a
+    pool that holds about three of them at their peak (admission credits the release, as for
     release-on-answer), decode runs short while they answer: thinking KV is freed, lowest score
     first, instead of a retraction. A mixed load (forks, keep, pressure, declared thinking,
     aborts) is retracted and released on that pool, and no slot leaks under SGLang's strict
@@ -456,34 +456,38 @@ def test_release_on_pressure_frees_only_when_decode_would_not_fit():
     names = ("thinking_kv_pressure_releases", "thinking_kv_released_tokens", "retracted_requests")
 
     def run(pool: int, policies: tuple[str, ...], then=None, env=None) -> list[tuple]:
-        rows = []
         with EmbeddedRuntime(extra_args=["--thinking-kv-policy", "keep", "--enable-metrics",
                                          "--max-total-tokens", str(pool), *FRESH_LOADS],
                              env=STRICT | (env or {})) as rt:
-            w = Workload(rt.url, (32, T, A), 4)
-            ids = [w._tokenize(p) for p in w.prompts]
-            for policy in policies:
-                before = [_metric(rt.url, f"sgl_reason:{name}_total") for name in names]
-                bodies = [w.body(i, policy) for i in range(4)]
-                out = _generate(rt.url, {
-                    "input_ids": ids, "return_logprob": True,
-                    "sampling_params": [b["sampling_params"] for b in bodies],
-                    "custom_logit_processor": [b["custom_logit_processor"] for b in bodies]})
-                after = [_metric(rt.url, f"sgl_reason:{name}_total") for name in names]
-                assert all(len(_output_ids(o)) == T + len(w.end_ids) + A for o in out)
-                rows.append(([_output_ids(o) for o in out],
-                             *(b - a for a, b in zip(before, after))))
-                requests.post(rt.url + "/flush_cache", timeout=30).raise_for_status()
-                assert _used(rt.url) == 0
-            if then is not None:
-                retracted = _metric(rt.url, "sgl_reason:retracted_requests_total")
-                then(rt, w, ids)
-                rt.flush_cache()  # waits for the aborted requests to finish
-                assert _used(rt.url) == 0 and "leak" not in rt.server.tail(80).lower()
-                rows.append(_metric(rt.url, "sgl_reason:retracted_requests_total") - retracted)
+            return run_on(rt, policies, then)
+
+    def run_on(rt, policies: tuple[str, ...], then=None) -> list[tuple]:
+        rows = []
+        w = Workload(rt.url, (32, T, A), 4)
+        ids = [w._tokenize(p) for p in w.prompts]
+        for policy in policies:
+            before = [_metric(rt.url, f"sgl_reason:{name}_total") for name in names]
+            bodies = [w.body(i, policy) for i in range(4)]
+            out = _generate(rt.url, {
+                "input_ids": ids, "return_logprob": True,
+                "sampling_params": [b["sampling_params"] for b in bodies],
+                "custom_logit_processor": [b["custom_logit_processor"] for b in bodies]})
+            after = [_metric(rt.url, f"sgl_reason:{name}_total") for name in names]
+            assert all(len(_output_ids(o)) == T + len(w.end_ids) + A for o in out)
+            rows.append(([_output_ids(o) for o in out],
+                         *(b - a for a, b in zip(before, after))))
+            requests.post(rt.url + "/flush_cache", timeout=30).raise_for_status()
+            assert _used(rt.url) == 0
+        if then is not None:
+            retracted = _metric(rt.url, "sgl_reason:retracted_requests_total")
+            then(rt, w, ids)
+            rt.flush_cache()  # waits for the aborted requests to finish
+            assert _used(rt.url) == 0 and "leak" not in rt.server.tail(80).lower()
+            rows.append(_metric(rt.url, "sgl_reason:retracted_requests_total") - retracted)
         return rows
 
-    roomy_keep, roomy = run(1536, ("keep", "release-on-pressure"))
+    requests.post(server.url + "/flush_cache", timeout=30).raise_for_status()
+    roomy_keep, roomy = run_on(server, ("keep", "release-on-pressure"))  # the module's 1,536
     assert roomy[1:] == (0, 0, 0) and roomy[0] == roomy_keep[0]  # nothing short: keep's tokens
     thoughts = roomy_keep[0]  # each request's thinking and marker, then its answer
 
