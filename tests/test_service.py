@@ -211,17 +211,29 @@ def test_limits_429_past_concurrency_and_504_past_the_timeout(reasoner):
     # the held slot before the second request arrives, which then meets the timeout (504).
     busy = Service(reasoner.endpoint, ServiceConfig(max_concurrency=1, timeout_s=300),
                    "reasoner")
-    # The held stream must outlast the second request's admission on a loaded machine: QUESTION
-    # thinks about 200 tokens (about 15 s here, and CI once finished it first), this one about
-    # 1,100. Leaving the stream cancels it, so the length costs the suite nothing.
-    long = {**body, "messages": [{"role": "user", "content": LONG_QUESTION}], "stream": True}
+    # The held stream must outlast the second request's admission on a loaded machine: greedy,
+    # LONG_QUESTION thinks about 1,030 tokens (80-95 s here; QUESTION's ~200 once ended first on
+    # CI). Leaving the stream cancels it, so the length costs the suite nothing.
+    long = {**body, "messages": [{"role": "user", "content": LONG_QUESTION}], "stream": True,
+            "temperature": 0}
     with Gateway(busy) as g:
         with httpx.Client(timeout=60) as http:
             with http.stream("POST", g.url + "/v1/chat/completions", json=long) as held:
-                next(held.iter_lines())  # in flight
-                assert busy.in_flight == 1
+                lines = held.iter_lines()
+                seen = []
+                for line in lines:  # until the model is thinking upstream
+                    seen.append(line)
+                    if "reasoning_content" in line:
+                        break
+                assert busy.in_flight == 1, seen
+                sent = time.monotonic()
                 r = requests.post(g.url + "/v1/chat/completions", json=body, timeout=60)
-                assert r.status_code == 429 and "retry later" in r.json()["error"]["message"]
+                if r.status_code != 429:  # say why the held slot was free
+                    rest = [x[:300] for x in lines if x][-3:]
+                    pytest.fail(f"got {r.status_code} after {time.monotonic() - sent:.1f} s, "
+                                f"{busy.in_flight} in flight; the held stream's last events: "
+                                f"{rest}")
+                assert "retry later" in r.json()["error"]["message"]
         assert 'status="429"' in requests.get(g.url + "/metrics", timeout=10).text
         deadline = time.monotonic() + 30
         while busy.in_flight and time.monotonic() < deadline:  # the left stream's slot
