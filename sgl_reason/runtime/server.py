@@ -7,6 +7,7 @@ launcher, the scheduler and the detokenizer together, by the group's id.
 
 from __future__ import annotations
 
+import atexit
 import collections
 import ipaddress
 import logging
@@ -223,6 +224,7 @@ class ServerProcess:
         self.log_tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
         self.proc: subprocess.Popen | None = None
         self._reader: threading.Thread | None = None
+        self._shm: list[str] = []  # /dev/shm files its processes made (see _leftover_shm)
 
     @property
     def url(self) -> str:
@@ -253,11 +255,13 @@ class ServerProcess:
         self._reader = threading.Thread(target=self._read_log, daemon=True)
         self._reader.start()
         _sigterm_unwinds(self, True)
+        atexit.register(self.stop)  # a script that ends without stopping it
         try:
             self._wait_ready(timeout)
         except BaseException:
             self.stop()
             raise
+        self._shm = _leftover_shm(self.group_pids())
         return self
 
     def _read_log(self) -> None:
@@ -299,18 +303,28 @@ class ServerProcess:
         return [] if self.proc is None else group_pids(self.proc.pid)
 
     def stop(self, grace: float = 20.0) -> None:
-        """SIGTERM the group, wait for it to drain, then SIGKILL whatever is left."""
+        """Interrupt the launcher (SGLang's Ctrl-C path: it stops its scheduler and
+        detokenizer), wait for the group to go, then SIGKILL whatever is left and remove the
+        shared-memory files SGLang leaves behind.
+
+        Not SIGTERM: SGLang's drain polls every 5 s, and a SIGTERM to the whole group reads as
+        a crashed scheduler (a 5 s diagnostics sleep). Either way a stop took 5 s, not 0.5."""
         if self.proc is None:
             return
+        atexit.unregister(self.stop)
         pgid = self.proc.pid
-        _signal_group(pgid, signal.SIGTERM)
+        if self.proc.poll() is None:
+            try:
+                os.kill(pgid, signal.SIGINT)
+            except ProcessLookupError:
+                pass
         try:
             self.proc.wait(timeout=grace)
         except subprocess.TimeoutExpired:
             logger.warning("server group %d did not stop in %.0f s; killing it", pgid, grace)
         deadline = time.monotonic() + grace
         while self.group_pids() and time.monotonic() < deadline:
-            time.sleep(0.2)
+            time.sleep(0.1)
         _signal_group(pgid, signal.SIGKILL)
         self.proc.wait()
         _sigterm_unwinds(self, False)
@@ -318,6 +332,31 @@ class ServerProcess:
             self._reader.join(timeout=5)
         if self.proc.stdout is not None:
             self.proc.stdout.close()
+        for path in self._shm:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+        self._shm = []
+
+
+def _leftover_shm(pids: list[int]) -> list[str]:
+    """The /dev/shm files of a running server's processes that no exit removes: SGLang's load
+    snapshot (``sglang_loads_*``, unlinked by nothing) and joblib's semaphores named after
+    the scheduler's pid (``sem.loky-<pid>-*``). 16 KB each, one set per server started."""
+    import psutil
+
+    shm = Path("/dev/shm")
+    found: set[str] = set()
+    for pid in pids:
+        try:
+            held = [m.path for m in psutil.Process(pid).memory_maps()]
+        except (psutil.Error, OSError):
+            continue
+        found.update(p for p in held if p.startswith(str(shm / "sglang_loads_")))
+        if shm.is_dir():
+            found.update(str(p) for p in shm.glob(f"sem.loky-{pid}-*"))
+    return sorted(found)
 
 
 _LIVE: set[int] = set()  # ids of started servers that rely on the SIGTERM handler below

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -58,14 +59,20 @@ def test_frontend_fork_shares_the_prefix(fresh_cache):
 
 
 def test_runtime_cleanup_and_pool_limit():
-    """A second embedded server: a too-long request names the fix; exit leaves no process."""
+    """A second embedded server: a too-long request names the fix; exit leaves no process and
+    none of the shared-memory files SGLang's own shutdown leaves in /dev/shm."""
+    shm = Path("/dev/shm")
+    before = set(shm.iterdir())
     with EmbeddedRuntime(extra_args=["--max-total-tokens", "512"]) as rt:
         pids = rt.server.group_pids()
         assert rt.pid in pids and len(pids) >= 3  # launcher, scheduler, detokenizer
+        made = set(shm.iterdir()) - before
+        assert any(p.name.startswith("sglang_loads_") for p in made), made  # still SGLang's?
         with pytest.raises(RequestError, match=r"KV pool holds 512 tokens.*--max-total-tokens"):
             rt.generate("hello " * 1000, max_new_tokens=4)
     assert rt.server.group_pids() == []
     assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in pids)
+    assert set(shm.iterdir()) - before == set()
 
 
 def test_a_bad_flag_fails_with_the_one_line_that_names_it():
@@ -130,14 +137,15 @@ def test_serve_cli_starts_and_stops_on_sigterm():
 SCRIPT = """
 import time
 from sgl_reason import EmbeddedRuntime
-with EmbeddedRuntime() as rt:
-    print("server", rt.pid, flush=True)
-    time.sleep(600)
+rt = EmbeddedRuntime().start()  # as a notebook does: no with block, no shutdown
+print("server", rt.pid, flush=True)
+time.sleep(600)
 """
 
 
 def test_a_script_sent_sigterm_stops_its_embedded_server():
-    """A plain script (no handler of its own) killed with SIGTERM still runs its ``with`` exit."""
+    """A plain script (no handler, no ``with``, no shutdown) killed with SIGTERM still stops its
+    server: SIGTERM unwinds as Ctrl-C does, and the interpreter's exit stops what is left."""
     proc = subprocess.Popen([sys.executable, "-c", SCRIPT], stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, text=True, start_new_session=True)
     server = None
