@@ -319,10 +319,11 @@ def soak_row(row: str, extra: list[str], requests_n: int, seconds: float, concur
         metrics = requests.get(rt.url + "/metrics", timeout=10).text
         still_serves = requests.post(rt.url + "/generate", timeout=120, json={
             "text": "2 + 2 =", "sampling_params": {"max_new_tokens": 4}}).status_code == 200
+        stopping_at = len(log)  # the stop's own lines (a Ctrl-C traceback) are not the soak's
     counts = Counter(f"{k.split(':')[0]}:{o.split(':')[0]}" for k, o in outcomes)
     unaccounted = [(k, o) for k, o in outcomes
                    if (o not in EXPECTED.get(k, {"rejected"}))]
-    after = log[ready_at:]
+    after = log[ready_at:stopping_at]
     # "[http_server] Error: ..." is the server telling a client why its request was refused
     # (the hostile bodies' 400s): counted apart, not as server errors
     refusals = [line for line in after if _REFUSAL.search(line)]
