@@ -30,6 +30,7 @@ _LAZY = {
     "best_of_n": "sgl_reason.programs",
     "agent_steps": "sgl_reason.programs",
     "p_yes_verifier": "sgl_reason.programs",
+    "arithmetic_verifier": "sgl_reason.programs",
     "ThinkingBudget": "sgl_reason.programs",
     "KVPolicy": "sgl_reason.programs",
     "Sampling": "sgl_reason.profiles",
