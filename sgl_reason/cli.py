@@ -171,19 +171,25 @@ def _int_or_tier(value: str) -> int | str:
             f"expected an integer or one of {sorted(TIERS)}, got {value!r}") from None
 
 
-def _program(args: argparse.Namespace, backend, think, extra: dict):
-    """The program ``eval`` runs on each question, its options bound."""
+# best_of_n's verifiers by name: sgl_reason.programs.<name>_verifier
+VERIFIERS = ("arithmetic", "p_yes")
+
+
+def _program(args: argparse.Namespace, think, extra: dict):
+    """The program ``eval`` runs on each question, its options bound (``evaluate.run`` passes
+    each problem its own cancellable backend)."""
     import functools
 
     from sgl_reason import programs
 
     if args.program == "think_then_answer":
-        return functools.partial(programs.think_then_answer, budget=think, backend=backend, **extra)
+        return functools.partial(programs.think_then_answer, budget=think, **extra)
     if args.program == "self_consistency":
         return functools.partial(programs.self_consistency, n=args.n, max_tokens=args.max_tokens,
-                                 think=think, backend=backend, **extra)
+                                 think=think, **extra)
+    verifier = getattr(programs, f"{args.verifier or 'p_yes'}_verifier")
     return functools.partial(programs.best_of_n, n=args.n, max_tokens=args.max_tokens,
-                             think=think, backend=backend, **extra)
+                             think=think, verifier=verifier, **extra)
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
@@ -217,6 +223,10 @@ def _cmd_eval(args: argparse.Namespace) -> int:
             max_answer_tokens=args.max_answer_tokens,
         )
     early = {}
+    if args.verifier and args.program != "best_of_n":
+        print(f"sgl-reason: error: --verifier scores best_of_n's candidates; --program "
+              f"{args.program} has none (use --program best_of_n)", file=sys.stderr)
+        return 2
     if args.early_stop and args.program == "best_of_n":
         print("sgl-reason: error: --early-stop applies to self_consistency and "
               "think_then_answer, not best_of_n", file=sys.stderr)
@@ -243,7 +253,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     info = {"program": args.program, "model": args.model or "smollm2", "data": args.data,
             "n": None if args.program == "think_then_answer" else args.n,
             "budget": think.thinking_tokens if think is not None else None,
-            "early_stop": args.early_stop}
+            "early_stop": args.early_stop, "verifier": args.verifier}
     if problems and not evaluate.pending(problems, out):
         print(f"every problem already has a record in {out}: nothing to run, no server "
               "started (delete the file to run again)", file=sys.stderr)
@@ -252,8 +262,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         from sgl_reason.connection import connect
 
         with connect(args.url, model=args.model, extra_args=args.server_arg) as backend:
-            summary = evaluate.run(_program(args, backend, think, early), problems, out,
-                                   concurrency=args.concurrency, info=info)
+            summary = evaluate.run(_program(args, think, early), problems, out,
+                                   concurrency=args.concurrency, info=info, backend=backend)
     print(evaluate.summary_table(summary))
     print(f"records: {out}\nsummary: {evaluate.summary_path(out)}")
     return 0
@@ -398,6 +408,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", required=True,
                    help="JSONL with question/answer fields, or reasoning-gym:NAME[?size=K&seed=S]")
     p.add_argument("--n", type=int, default=4, help="samples or candidates per problem")
+    p.add_argument("--verifier", choices=VERIFIERS, default=None,
+                   help="best_of_n's verifier: p_yes asks the model (default), arithmetic "
+                   "recomputes the candidate's written arithmetic")
     p.add_argument("--limit", type=int, default=None, help="first K problems only")
     p.add_argument("--max-tokens", type=int, default=256, help="per sample without thinking")
     p.add_argument("--max-thinking-tokens", type=_int_or_tier, default=None,
@@ -576,6 +589,9 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(error, ServerStartError) and not args.verbose:
             print("sgl-reason: rerun with -v for SGLang's whole log", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: what it started is stopped by now
+        print(f"sgl-reason: {args.command} interrupted", file=sys.stderr)
+        return 130
     parser.error(f"unknown command {args.command}")
     return 2
 

@@ -2,7 +2,9 @@
 
 Each finished problem is appended to ``OUT.jsonl`` as one line and flushed, so an interrupted
 run leaves a valid file, and a rerun with the same ``out`` skips the problems already there.
-The summary is written beside it as ``OUT.summary.json``.
+The summary is written beside it as ``OUT.summary.json``. Given the backend, an interrupt (Ctrl-C,
+SIGTERM) also aborts the problems in flight on the server, so it returns at once instead of
+after their last token (minutes for a self-consistency problem on the CPU).
 """
 
 from __future__ import annotations
@@ -14,13 +16,15 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
+from sgl_reason.backend import ReasonBackend
 from sgl_reason.cost import Cost
 from sgl_reason.data import Problem
 from sgl_reason.programs.common import ProgramResult
 
 logger = logging.getLogger(__name__)
 
-Program = Callable[[str], ProgramResult]
+# program(question) -> result; with run(..., backend=B): program(question, backend=copy of B)
+Program = Callable[..., ProgramResult]
 
 
 def summary_path(out: Path) -> Path:
@@ -126,9 +130,14 @@ def finish(problems: list[Problem], out: str | Path, seconds: float = 0.0,
 
 
 def run(program: Program, problems: list[Problem], out: str | Path, concurrency: int = 4,
-        progress: bool = True, info: dict | None = None) -> dict:
+        progress: bool = True, info: dict | None = None,
+        backend: ReasonBackend | None = None) -> dict:
     """Run ``program`` on every problem not yet in ``out``; return the summary of all records
-    (records in input order, wall time summed over resumed runs)."""
+    (records in input order, wall time summed over resumed runs).
+
+    ``backend``: each problem runs as ``program(question, backend=copy)`` on its own cancellable
+    copy, and an interrupt aborts the problems in flight (their KV freed on the server) before
+    it propagates. Without it, ``program(question)`` runs and an interrupt waits for them."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     todo = pending(problems, out)
@@ -140,8 +149,16 @@ def run(program: Program, problems: list[Problem], out: str | Path, concurrency:
 
         bar = tqdm(total=len(problems), initial=len(problems) - len(todo), unit="problem")
     correct = tokens = finished = 0
+    scopes = []
     with open(out, "a") as sink, ThreadPoolExecutor(max_workers=concurrency) as pool:
-        futures = {pool.submit(program, p.question): p for p in todo}
+        futures = {}
+        for p in todo:
+            if backend is None:
+                futures[pool.submit(program, p.question)] = p
+            else:
+                copy, scope = backend.cancellable()
+                scopes.append(scope)
+                futures[pool.submit(program, p.question, backend=copy)] = p
         try:
             for future in as_completed(futures):
                 problem = futures[future]
@@ -157,6 +174,8 @@ def run(program: Program, problems: list[Problem], out: str | Path, concurrency:
         except BaseException as error:  # Ctrl-C, or a problem failed (e.g. the server died)
             for future in futures:
                 future.cancel()  # problems not started yet are dropped, not run into the error
+            if aborted := sum(scope.cancel() for scope in scopes):  # the pool's exit is quick
+                logger.warning("aborted %d requests in flight", aborted)
             logger.warning("%s: %s holds %d finished problems; rerun to resume",
                            "interrupted" if isinstance(error, KeyboardInterrupt) else "stopped",
                            out, done + finished)

@@ -143,6 +143,8 @@ def test_bad_early_stop_names_the_choices(tmp_path, capsys):
                  "entropy", "--url", "http://127.0.0.1:9"]) == 2
     assert "not best_of_n" in capsys.readouterr().err
     base = ["eval", "--program", "think_then_answer", "--data", str(data)]
+    assert main([*base, "--verifier", "arithmetic"]) == 2
+    assert "use --program best_of_n" in capsys.readouterr().err
     assert main([*base, "--early-stop", "probe", "--early-stop-option", "probe_confidence=1.5"]) == 2
     assert "probe_confidence" in capsys.readouterr().err
     assert main([*base, "--early-stop", "probe", "--early-stop-option", "probe_confidence"]) == 2
@@ -157,29 +159,49 @@ def test_bad_early_stop_names_the_choices(tmp_path, capsys):
 
 
 @pytest.mark.server
-def test_sigterm_stops_the_embedded_server_of_a_command(tmp_path):
-    """A killed `sgl-reason eval` must not leave its embedded server running."""
+def test_sigterm_aborts_an_evals_problems_in_flight_and_stops_its_server(tmp_path):
+    """A killed `sgl-reason eval` aborts the requests it has in flight (it does not wait for
+    their last token) and leaves no embedded server running."""
     import os
+    import re
     import signal
 
     import psutil
+    import requests
 
     data = tmp_path / "d.jsonl"
     data.write_text('{"question": "1+1?", "answer": "2"}\n' * 50)
-    proc = subprocess.Popen([sys.executable, "-m", "sgl_reason", "eval", "--program",
-                             "self_consistency", "--data", str(data), "--out",
-                             str(tmp_path / "o.jsonl")], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    log = tmp_path / "err.log"
+    with open(log, "w") as err:
+        # SmolLM2 never closes its thinking: each problem thinks 2,048 tokens
+        proc = subprocess.Popen([sys.executable, "-m", "sgl_reason", "eval", "--program",
+                                 "think_then_answer", "--max-thinking-tokens", "2048",
+                                 "--data", str(data),
+                                 "--out", str(tmp_path / "o.jsonl")], stdout=subprocess.DEVNULL,
+                                stderr=err)
+    children = []
     try:
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and not (tmp_path / "o.jsonl").exists():
-            time.sleep(1)  # the file appears once the server is up and the run started
+        deadline, url, running = time.monotonic() + 240, None, 0
+        while time.monotonic() < deadline and not running:
+            time.sleep(0.5)
+            url = url or next(iter(re.findall(r"server at (http://\S+)", log.read_text())), None)
+            if url:  # the server is up: wait until the eval's first problems decode
+                loads = requests.get(url + "/v1/loads", timeout=10).json()["loads"][0]
+                running = loads["num_running_reqs"]
+        assert running, f"no request ever ran:\n{log.read_text()[-2000:]}"
         children = psutil.Process(proc.pid).children(recursive=True)
-        assert children, "eval started no server"
         proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=90)
+        assert proc.wait(timeout=90) == 130
         _, alive = psutil.wait_procs(children, timeout=60)
         assert alive == []
-    finally:
+        text = log.read_text()
+        # 2 problems in flight, 2,048 thinking tokens each: aborted, not waited for
+        aborted = re.findall(r"aborted (\d+) requests in flight", text)
+        assert aborted and int(aborted[0]) >= 1, text[-2000:]
+        assert "eval interrupted" in text and not (tmp_path / "o.jsonl").read_text()
+    finally:  # a failed run leaves nothing either
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGKILL)
+        for child in children:
+            if child.is_running():
+                child.kill()
