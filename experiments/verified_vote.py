@@ -1,0 +1,79 @@
+"""One self-consistency run read five ways: one sample, the vote, best-of-N by the arithmetic
+verifier, greedy, and the oracle (issue #16's self-consistency bar; best-of-N's verifier).
+
+    .venv/bin/python experiments/verified_vote.py SC_RECORDS.jsonl DATA.jsonl [GREEDY_RECORDS.jsonl]
+
+SC_RECORDS: ``sgl-reason eval --program self_consistency --n N`` records (every sample's text is
+kept), run on DATA or on a longer file that starts with DATA's problems (records of problems
+not in DATA are left out; every problem of DATA must have one). For each problem of DATA:
+- one sample: the mean correctness of its N samples, the expected accuracy of one sample at the
+  run's temperature (lower variance than a separate n = 1 run, same distribution);
+- vote: the run's own answer (exact vote over the N samples);
+- best-of-N, arithmetic: the sample ``pick_best`` chooses when each is scored by
+  ``arithmetic_verifier``, the same choice ``best_of_n(..., verifier=arithmetic_verifier)``
+  makes on these N candidates (they are drawn the same way: one shared prefill, N forks);
+- oracle: some sample is right (pass@N);
+- greedy: GREEDY_RECORDS' answer to the same problem, where given.
+Every sample is regraded with DATA's grader. Prints a table per family and a JSON line.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import defaultdict
+
+from sgl_reason.data import load
+from sgl_reason.programs import Sample, arithmetic_verifier
+from sgl_reason.programs.best_of_n import pick_best
+
+
+def main(sc_path: str, data_path: str, greedy_path: str | None = None) -> dict:
+    problems = {p.id: p for p in load(data_path)}
+    greedy = {}
+    if greedy_path:
+        by_question = {json.loads(line)["question"]: json.loads(line)
+                       for line in open(greedy_path)}
+        greedy = {q: r["correct"] for q, r in by_question.items()}
+    rows = defaultdict(lambda: defaultdict(list))
+    records = {}
+    for line in open(sc_path):
+        r = json.loads(line)
+        if r["id"] in problems and problems[r["id"]].question == r["question"]:
+            records[r["id"]] = r
+    if missing := [i for i in problems if i not in records]:
+        sys.exit(f"{sc_path} has no record of {len(missing)} problems of {data_path} "
+                 f"(ids {missing[:5]}...): rerun the eval, it resumes")
+    for r in records.values():
+        problem = problems[r["id"]]
+        samples = [Sample(**s) for s in r["samples"]]
+        right = [problem.grade(s.answer) for s in samples]
+        scored = [s.model_copy(update={"score": arithmetic_verifier(r["question"], s.text)})
+                  for s in samples]
+        row = {"one sample": sum(right) / len(right), "vote": float(r["correct"]),
+               "best-of-N, arithmetic": float(right[pick_best(scored)]),
+               "oracle": float(any(right))}
+        if greedy:
+            if r["question"] not in greedy:
+                sys.exit(f"{greedy_path} has no record of {r['question']!r}: run greedy on the "
+                         "same problems")
+            row["greedy"] = float(greedy[r["question"]])
+        for family in (r["family"], "all"):
+            for k, v in row.items():
+                rows[family][k].append(v)
+    result = {f: {k: round(sum(v) / len(v), 4) for k, v in cols.items()} | {"problems": len(
+        cols["vote"])} for f, cols in rows.items()}
+    cols = [k for k in rows["all"]]
+    print("| family | problems | " + " | ".join(cols) + " |")
+    print("|---" * (len(cols) + 2) + "|")
+    for f in sorted(result, key=lambda f: f == "all"):
+        print(f"| {f} | {result[f]['problems']} | "
+              + " | ".join(f"{result[f][k]:.3f}" for k in cols) + " |")
+    print(json.dumps(result))
+    return result
+
+
+if __name__ == "__main__":
+    if len(sys.argv) not in (3, 4):
+        sys.exit(__doc__)
+    main(*sys.argv[1:])
