@@ -32,9 +32,7 @@ def main(sc_path: str, data_path: str, greedy_path: str | None = None) -> dict:
     problems = {p.id: p for p in load(data_path)}
     greedy = {}
     if greedy_path:
-        by_question = {json.loads(line)["question"]: json.loads(line)
-                       for line in open(greedy_path)}
-        greedy = {q: r["correct"] for q, r in by_question.items()}
+        greedy = {r["question"]: r["correct"] for r in map(json.loads, open(greedy_path))}
     rows = defaultdict(lambda: defaultdict(list))
     records = {}
     for line in open(sc_path):

@@ -40,8 +40,9 @@ def main() -> None:
     think = ThinkingBudget(max_thinking_tokens=args.max_thinking_tokens,
                            max_answer_tokens=args.max_answer_tokens)
     with connect(args.url, model=None if args.url else args.model) as backend:
-        program = functools.partial(self_consistency, n=args.n, think=think, backend=backend)
-        summary = run(program, problems, args.out, concurrency=args.concurrency)
+        program = functools.partial(self_consistency, n=args.n, think=think)
+        # each problem on its own cancellable copy of the backend: Ctrl-C aborts those in flight
+        summary = run(program, problems, args.out, concurrency=args.concurrency, backend=backend)
     print(json.dumps({k: v for k, v in summary.items() if k != "cost"}, indent=2))
 
 
