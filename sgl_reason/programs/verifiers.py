@@ -155,7 +155,7 @@ def _left_side(text: str, end: int) -> tuple[str, Fraction, int] | None:
         start -= 1
     run = text[start:end]
     for i in range(len(run)):  # the longest suffix first
-        if i and run[i - 1] not in " \t,;(":
+        if i and run[i - 1] not in " \t,(":
             continue  # a side starts at a token boundary, never inside a number
         tokens = _tokens(run[i:])
         if tokens and (got := _evaluate(tokens)) is not None:
