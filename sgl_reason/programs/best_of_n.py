@@ -29,10 +29,10 @@ from sgl_reason.backend import ReasonBackend
 from sgl_reason.profiles import ModelProfile, Sampling
 from sgl_reason.programs.budget import KVPolicy, ThinkingBudget
 from sgl_reason.programs.common import (
-    ProgramResult, Sample, open_prompt, prompt_texts, resolve_backend, resolve_profile,
+    ProgramResult, Sample, forks, open_prompt, prompt_texts, resolve_backend, resolve_profile,
     sampling_kwargs, timed_cost,
 )
-from sgl_reason.programs.self_consistency import collect_direct, fork_shared
+from sgl_reason.programs.self_consistency import collect_direct
 from sgl_reason.programs.think_then_answer import think_plan_or_none
 from sgl_reason.programs.think_then_answer import think as think_step
 from sgl_reason.vote import normalize_answer
@@ -65,7 +65,6 @@ def _candidate(branch, plan, max_tokens, sampling) -> Sample:
 def best_of_n_program(s, question, num_candidates, max_tokens, sampling, profile, verifier,
                       plan=None, system=None):
     open_prompt(s, question, profile, system)
-    branches = fork_shared(s, num_candidates)
 
     def one(branch) -> Sample:
         sample = _candidate(branch, plan, max_tokens, sampling)
@@ -76,7 +75,7 @@ def best_of_n_program(s, question, num_candidates, max_tokens, sampling, profile
             score = float(verifier(question, sample.text))
         return sample.model_copy(update={"score": score})
 
-    with ThreadPoolExecutor(max_workers=num_candidates) as pool:
+    with forks(s, num_candidates) as branches, ThreadPoolExecutor(len(branches)) as pool:
         s["samples"] = list(pool.map(one, branches))
 
 

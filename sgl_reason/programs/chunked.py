@@ -9,7 +9,7 @@ from __future__ import annotations
 import sglang as sgl
 
 from sgl_reason.early_stop import Chunk, EarlyStop, Probe, Signal, StopDecision
-from sgl_reason.programs.common import finished
+from sgl_reason.programs.common import finished, forks
 
 
 def _logprobs(meta: dict) -> tuple[list[float], list[list[float]]]:
@@ -72,10 +72,10 @@ def run_probe(s, suffix: str, config: EarlyStop, drop: int = 0) -> Probe:
         state = _probe_from.run(text=text, config=config, backend=executor.backend)
         return _read_probe(state, config)
     executor.backend.commit_lazy_operations(executor)
-    fork = s.fork(1)[0]
-    fork += suffix
-    _probe_gen(fork, config)
-    return _read_probe(fork, config)
+    with forks(s, 1, commit=False) as (fork,):
+        fork += suffix
+        _probe_gen(fork, config)
+        return _read_probe(fork, config)
 
 
 def _probe_gen(s, config: EarlyStop) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from sgl_reason.backend import ReasonBackend
+from sgl_reason.backend import ReasonBackend, sync
 from sgl_reason.cost import Cost
 from sgl_reason.profiles import ModelProfile, Sampling, profile_for
 from sgl_reason.vote import VoteResult
@@ -149,6 +149,29 @@ def finished(s, name: str) -> tuple[str, dict]:
         if name not in ex.variables:
             raise RuntimeError(f"the program's request for {name!r} returned nothing")
     return ex.variables[name], ex.meta_info.get(name) or {}
+
+
+@contextmanager
+def forks(s, n: int, *, commit: bool = True) -> Iterator[list]:
+    """``n`` branches of state ``s``, ended when the block is left, however it is left.
+
+    Each branch runs an SGLang executor on a non-daemon thread that waits for more work until
+    the branch is ended. SGLang ends a branch only when its state is collected, and a failed
+    or cancelled program's exception holds its branches through its frames: the threads then
+    outlive the call (a gateway gains n per failed call) and an interpreter exiting with the
+    exception in a reference cycle waits on them forever.
+
+    ``commit``: sync ``s`` first, so that the shared prefix is committed to the radix cache
+    once. SGLang's ``fork`` checks the text before it syncs, so under the threaded executor it
+    often skips the commit and every branch prefills the whole prompt."""
+    if commit:
+        sync(s)
+    branches = list(s.fork(n))
+    try:
+        yield branches
+    finally:
+        for branch in branches:
+            branch.stream_executor.end()
 
 
 @contextmanager

@@ -15,27 +15,19 @@ from concurrent.futures import ThreadPoolExecutor
 
 import sglang as sgl
 
-from sgl_reason.backend import ReasonBackend, sync
+from sgl_reason.backend import ReasonBackend
 from sgl_reason.early_stop import EarlyStop
 from sgl_reason.early_stop.confidence import warmup_threshold
 from sgl_reason.programs.chunked import decision_dict, generate_chunked
 from sgl_reason.profiles import ModelProfile, Sampling
 from sgl_reason.programs.budget import KVPolicy, ThinkingBudget
 from sgl_reason.programs.common import (
-    Messages, ProgramResult, Sample, finished, open_prompt, prompt_texts, resolve_backend,
+    Messages, ProgramResult, Sample, finished, forks, open_prompt, prompt_texts, resolve_backend,
     resolve_profile, sampling_kwargs, timed_cost,
 )
 from sgl_reason.programs.think_then_answer import think_plan_or_none
 from sgl_reason.programs.think_then_answer import think as think_step
 from sgl_reason.vote import VoteConfig, extract_answer, normalize_answer, vote
-
-
-def fork_shared(s, n: int):
-    """Fork after committing the prefix. SGLang's ``fork`` checks the text before it syncs, so
-    under the threaded executor it often skips the commit and every branch prefills the whole
-    prompt; syncing first makes the commit happen (and raises a failed commit's error)."""
-    sync(s)
-    return s.fork(n)
 
 
 def collect_direct(branch) -> Sample:
@@ -69,18 +61,22 @@ def self_consistency_program(s, question, num_samples, max_tokens, sampling, pro
     open_prompt(s, question, profile, system)
     if plan is not None:
         s += plan.profile.think_start  # shared: each branch then prefills a single token
-    branches = fork_shared(s, num_samples)
+    with forks(s, num_samples) as branches:
+        s["samples"] = _samples(branches, plan, max_tokens, sampling, watch)
+
+
+def _samples(branches, plan, max_tokens, sampling, watch) -> list[Sample]:
     if watch is not None and plan is None:
-        with ThreadPoolExecutor(max_workers=num_samples) as pool:
-            s["samples"] = list(pool.map(
+        with ThreadPoolExecutor(max_workers=len(branches)) as pool:
+            return list(pool.map(
                 lambda b: _direct_watched(b, max_tokens, sampling, watch), branches))
-    elif plan is None:
+    if plan is None:
         for branch in branches:  # gen is asynchronous: all n requests are in flight at once
             branch += sgl.gen("completion", max_tokens=max_tokens, **sampling)
-        s["samples"] = [collect_direct(b) for b in branches]
-    else:  # think-then-answer in every branch; branches wait on their own replies in parallel
-        with ThreadPoolExecutor(max_workers=num_samples) as pool:
-            s["samples"] = list(pool.map(lambda b: think_step(b, plan, opened=True), branches))
+        return [collect_direct(b) for b in branches]
+    # think-then-answer in every branch; branches wait on their own replies in parallel
+    with ThreadPoolExecutor(max_workers=len(branches)) as pool:
+        return list(pool.map(lambda b: think_step(b, plan, opened=True), branches))
 
 
 def self_consistency(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from sgl_reason.programs import Sample, best_of_n
@@ -31,6 +33,25 @@ def test_callable_verifier_picks_the_best_score(runtime):
                        verifier=lambda q, c: float(len(c)))
     lengths = [len(s.text) for s in result.samples]
     assert result.info["best_index"] == lengths.index(max(lengths))
+
+
+@pytest.mark.server
+def test_a_verifier_that_raises_leaves_no_branch_thread_behind(runtime):
+    # Each fork runs an SGLang executor on a non-daemon thread that waits for more work until
+    # it is ended. A program that fails after its branches finished must end them itself: its
+    # exception's frames hold the branches (in a gateway's log record, a reference cycle, or
+    # at interpreter exit, which joins non-daemon threads before it collects cycles, so a CLI
+    # interrupted mid-eval hung there), and n idle threads outlive every failed call.
+    def broken(question, candidate):
+        raise RuntimeError("the verifier is broken")
+
+    before = set(threading.enumerate())
+    with pytest.raises(RuntimeError, match="verifier is broken") as caught:
+        best_of_n(QUESTION, n=2, max_tokens=4, backend=runtime.endpoint, verifier=broken)
+    new = [t for t in threading.enumerate() if t not in before]
+    for thread in new:
+        thread.join(timeout=10)
+    assert [t for t in new if t.is_alive()] == [], caught.value  # while the error is held
 
 
 def _s(answer, score):
