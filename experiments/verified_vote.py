@@ -1,5 +1,6 @@
-"""One self-consistency run read five ways: one sample, the vote, best-of-N by the arithmetic
-verifier, greedy, and the oracle (issue #16's self-consistency bar; best-of-N's verifier).
+"""One self-consistency run read six ways: one sample, the vote, best-of-N by the arithmetic
+verifier, consensus early stop, greedy, and the oracle (issue #16's self-consistency bar;
+best-of-N's verifier; issue #19's early-stopped self-consistency bar).
 
     .venv/bin/python experiments/verified_vote.py SC_RECORDS.jsonl DATA.jsonl [GREEDY_RECORDS.jsonl]
 
@@ -12,6 +13,11 @@ not in DATA are left out; every problem of DATA must have one). For each problem
 - best-of-N, arithmetic: the sample ``pick_best`` chooses when each is scored by
   ``arithmetic_verifier``, the same choice ``best_of_n(..., verifier=arithmetic_verifier)``
   makes on these N candidates (they are drawn the same way: one shared prefill, N forks);
+- consensus: ``self_consistency(..., early_stop=EarlyStop(signal="consensus"))`` replayed on the
+  samples in their order: windows of 4, stopping once ``ConsensusSignal.settled`` says so, the
+  vote over the samples drawn. The samples are independent draws, so the first 4 of a run are
+  distributed as a first window would be; "tokens" columns count thinking plus answer tokens
+  decoded per problem, all N against the windows consensus draws;
 - oracle: some sample is right (pass@N);
 - greedy: GREEDY_RECORDS' answer to the same problem, where given.
 Every sample is regraded with DATA's grader. Prints a table per family and a JSON line.
@@ -24,8 +30,27 @@ import sys
 from collections import defaultdict
 
 from sgl_reason.data import load
+from sgl_reason.early_stop import EarlyStop
 from sgl_reason.programs import Sample, arithmetic_verifier
 from sgl_reason.programs.best_of_n import pick_best
+from sgl_reason.vote import normalize_answer, vote
+
+
+def consensus(samples: list[Sample], config: EarlyStop) -> tuple[str | None, list[Sample]]:
+    """The answer and the samples drawn when self_consistency's consensus loop reads
+    ``samples`` in order (the loop of ``programs/self_consistency.py``)."""
+    judge, drawn, decision = config.build(), [], None
+    while len(drawn) < len(samples) and decision is None:
+        window = samples[len(drawn):len(drawn) + config.batch]
+        drawn += window
+        decision = judge.settled([normalize_answer(x.answer) if x.answer else None for x in drawn],
+                                 [normalize_answer(x.answer) if x.answer else None for x in window],
+                                 len(drawn))
+    return vote([x.answer for x in drawn]).answer, drawn
+
+
+def tokens(samples: list[Sample]) -> float:
+    return float(sum(x.thinking_tokens + x.answer_tokens for x in samples))
 
 
 def main(sc_path: str, data_path: str, greedy_path: str | None = None) -> dict:
@@ -48,9 +73,11 @@ def main(sc_path: str, data_path: str, greedy_path: str | None = None) -> dict:
         right = [problem.grade(s.answer) for s in samples]
         scored = [s.model_copy(update={"score": arithmetic_verifier(r["question"], s.text)})
                   for s in samples]
+        answer, drawn = consensus(samples, EarlyStop(signal="consensus"))
         row = {"one sample": sum(right) / len(right), "vote": float(r["correct"]),
                "best-of-N, arithmetic": float(right[pick_best(scored)]),
-               "oracle": float(any(right))}
+               "consensus": float(problem.grade(answer)), "oracle": float(any(right)),
+               "tokens, all N": tokens(samples), "tokens, consensus": tokens(drawn)}
         if greedy:
             if r["question"] not in greedy:
                 sys.exit(f"{greedy_path} has no record of {r['question']!r}: run greedy on the "
@@ -66,7 +93,8 @@ def main(sc_path: str, data_path: str, greedy_path: str | None = None) -> dict:
     print("|---" * (len(cols) + 2) + "|")
     for f in sorted(result, key=lambda f: f == "all"):
         print(f"| {f} | {result[f]['problems']} | "
-              + " | ".join(f"{result[f][k]:.3f}" for k in cols) + " |")
+              + " | ".join(f"{result[f][k]:.0f}" if k.startswith("tokens") else
+                           f"{result[f][k]:.3f}" for k in cols) + " |")
     print(json.dumps(result))
     return result
 
