@@ -47,6 +47,7 @@ _LAZY = {
     "arun": "sgl_reason.aio",
     "normalize": "sgl_reason.normalization",
     "think": "sgl_reason.programs.think_then_answer",
+    "forks": "sgl_reason.programs.common",
     "ThinkPlan": "sgl_reason.programs.think_then_answer",
     "EarlyStop": "sgl_reason.early_stop",
     "load_problems": "sgl_reason.data",

@@ -14,7 +14,7 @@ def test_all_names_resolve():
 def test_programs_are_exported_at_the_top():
     for name in ("self_consistency", "think_then_answer", "best_of_n", "EmbeddedRuntime",
                  "ReasonBackend", "ThinkingBudget", "ModelProfile", "VoteConfig", "Cost",
-                 "track", "think", "arun", "normalize", "EarlyStop", "load_problems", "evaluate", "Sampling"):
+                 "track", "think", "forks", "arun", "normalize", "EarlyStop", "load_problems", "evaluate", "Sampling"):
         assert name in sgl_reason.__all__
 
 

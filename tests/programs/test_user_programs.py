@@ -30,6 +30,29 @@ def two_attempts(s, question, budget, kv_policy=None):
     s["samples"] = [first, second]
 
 
+@sgl.function
+def three_guesses(s, question):
+    """The user guide's branching example."""
+    s += sgl.user(question)
+    s += sgl.assistant_begin()
+    with sgl_reason.forks(s, 3) as branches:
+        for b in branches:  # gen is asynchronous: the three requests decode as one batch
+            b += sgl.gen("guess", max_tokens=16, temperature=0.7)
+        s["guesses"] = [b["guess"] for b in branches]
+
+
+@pytest.mark.server
+def test_forks_in_a_users_program_prefill_the_prompt_once(fresh_cache):
+    with sgl_reason.track(fresh_cache.endpoint) as cost:
+        state = three_guesses.run(question=QUESTION, backend=fresh_cache.endpoint)
+        state.sync()
+    assert len(state["guesses"]) == 3
+    spent = cost()
+    assert spent.requests == 4  # the prefix commit + one per branch
+    prompt = spent.prompt_tokens // 4
+    assert spent.computed_prefill_tokens <= prompt + 3 * 2, spent  # once, not 3 times
+
+
 def _released(url: str) -> float:
     text = requests.get(url + "/metrics", timeout=10).text
     match = re.search(rf"^{re.escape(RELEASED)} (\S+)$", text, re.M)
