@@ -1,5 +1,6 @@
 """A researcher's own ``@sgl.function``: ``sgl_reason.think`` inside it, its cost tracked, its
-thinking-KV policy per call. Runs on the real server with the tiny reasoner."""
+thinking-KV policy per call, branches through ``sgl_reason.forks``. Runs on the real server
+(the tiny reasoner; the branching example on the default model)."""
 
 from __future__ import annotations
 
