@@ -482,6 +482,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--accuracy", type=int, default=20, metavar="N",
                    help="held-out problems per family for the reasoner's accuracy per scheme "
                         "(0: skip)")
+    b.add_argument("--no-fp32-reference", dest="fp32_reference", action="store_false",
+                   help="skip measuring every row (16-bit too) against the same weights in fp32")
     b = benches.add_parser("thinking-kv", help="stock vs each thinking-KV policy at a fixed pool")
     b.add_argument("--requests", type=int, default=10, help="requests sent at once per row")
     b.add_argument("--max-total-tokens", type=int, default=1400, help="the KV pool, in tokens")

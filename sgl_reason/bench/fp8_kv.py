@@ -25,9 +25,11 @@ emulated inside sgl-reason's pool with fixed scales (same arithmetic: divide, ca
 Quality is measured against ``bf16`` on two long teacher-forced texts, GSM8K worked answers and
 a chat of the reasoner's own traces (mean KL of next-token distributions over the reference's
 top-20, renormalized; top-1 agreement; a row's headline is its worse text), and as greedy
-agreement over several prompts. Throughput: batch-8 decode tokens/s as a ratio to ``bf16``, the
-servers up together and taking turns; each round's ratio against ``bf16``'s in the same round,
-reported as the median over rounds with its spread.
+agreement over several prompts. Every row, ``bf16`` too, is also measured against the same
+weights computing in fp32 (``vs_fp32``): how far 16-bit KV itself is from exact arithmetic.
+Throughput: batch-8 decode tokens/s over prompts already in the prefix cache, as a ratio to
+``bf16``, the servers up together and taking turns; each round's ratio against ``bf16``'s in
+the same round, reported as the median over rounds with its spread.
 """
 
 from __future__ import annotations
@@ -101,6 +103,22 @@ def calibrate(model_path: Path, text: str) -> dict:
             "v": [float(v.abs().amax()) / fp8_kv.FP8_MAX for v in vs]}
 
 
+def upcast(path: Path, out: Path) -> Path:
+    """``path``'s weights in fp32 at ``out``. The upcast is exact (every bf16 value is an fp32
+    value), so a server of it differs from the bf16 one only in its arithmetic and its KV's
+    precision: the yardstick against which 16-bit KV's own error is measured."""
+    import shutil
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).save_pretrained(out)
+    for f in path.iterdir():  # tokenizer and chat template, as the model folder has them
+        if f.is_file() and not (out / f.name).exists():
+            shutil.copy(f, out / f.name)
+    return out
+
+
 def bytes_per_token(info: dict, fp8: bool, window: int = 0, context: int = 2000) -> float:
     """Pool bytes per token; with a 16-bit window of ``window`` tokens per request, plus that
     copy's share at a ``context``-token request."""
@@ -157,15 +175,20 @@ def kl_and_top1(ref: list[dict], test: list[dict]) -> tuple[float, float]:
 
 
 def decode_seconds(rt: EmbeddedRuntime, prompts: list[str]) -> float:
-    """Wall time of DECODE_TOKENS batch decode steps (the prefill, timed alone, subtracted)."""
+    """Wall time of DECODE_TOKENS batch decode steps over the prompts' KV, prefilled beforehand.
+
+    The timed call finds its prompts in the prefix cache, and the time of a one-token call on
+    the same cached prompts (the cache hit and the first token) is subtracted. Until session
+    24 this subtracted a separately timed full prefill instead, whose noise (3-4.5 s, for a
+    3 s decode) dominated: per-round ratios from 0.59 to 1.73 on a quiet machine."""
     rt.flush_cache()
+    rt.generate(prompts, max_new_tokens=1, temperature=0)  # the KV to decode over, untimed
     t = time.perf_counter()
     rt.generate(prompts, max_new_tokens=1, temperature=0)
-    prefill = time.perf_counter() - t
-    rt.flush_cache()
+    hit = time.perf_counter() - t
     t = time.perf_counter()
     rt.generate(prompts, max_new_tokens=DECODE_TOKENS + 1, temperature=0, ignore_eos=True)
-    return max(1e-6, time.perf_counter() - t - prefill)
+    return max(1e-6, time.perf_counter() - t - hit)
 
 
 def decode_ratios(servers: dict[str, EmbeddedRuntime], context: str, rounds: int = 5,
@@ -219,10 +242,11 @@ def quality(rt: EmbeddedRuntime, texts: dict[str, str]) -> dict:
 
 
 def run(tokens: int = 2000, budget_gib: float = 1.0, rounds: int = 7,
-        model_name: str = "reasoner", accuracy: int = 0) -> dict:
+        model_name: str = "reasoner", accuracy: int = 0, reference: bool = True) -> dict:
     """Every row on ``model_name``; quality over two teacher-forced texts of about ``tokens``
     tokens each (GSM8K worked answers, the reasoner's own traces), the worst of the two as the
-    row's ``kl`` and ``top1_agreement``."""
+    row's ``kl`` and ``top1_agreement``. With ``reference``, every row (``bf16`` too) is also
+    measured against the same weights computing in fp32 (``vs_fp32``)."""
     path = model.model_path(model_name)
     config = json.loads((path / "config.json").read_text())
     info = {"layers": config["num_hidden_layers"], "kv_heads": config["num_key_value_heads"],
@@ -256,6 +280,10 @@ def run(tokens: int = 2000, budget_gib: float = 1.0, rounds: int = 7,
                                           "--mem-fraction-static", "0.2"],
             env=env)) for name, (env, extra) in configs.items()}
         rows = {name: quality(rt, texts) for name, rt in servers.items()}
+        if reference:  # up only for its teacher-forced texts, then stopped
+            with EmbeddedRuntime(model=upcast(path, Path(tmp) / "fp32"), extra_args=[
+                    "--max-total-tokens", str(POOL_TOKENS), "--mem-fraction-static", "0.2"]) as rt:
+                exact = {name: top_logprobs(rt, text) for name, text in texts.items()}
         for name, speed in decode_ratios(servers, context, rounds).items():
             rows[name].update(speed)
         if accuracy and model_name == "reasoner":  # its held-out families
@@ -296,6 +324,13 @@ def run(tokens: int = 2000, budget_gib: float = 1.0, rounds: int = 7,
                 row["accuracy_delta"] = round(row["accuracy"] - ref["accuracy"], 4)
                 row["answers_differ"] = round(sum(
                     a != b for a, b in zip(row["_answers"], ref["_answers"])) / len(row["_answers"]), 4)
+    if reference:
+        report["reference"] = "the same weights upcast to fp32, computing and caching in fp32"
+        for row in rows.values():
+            row["vs_fp32"] = {}
+            for text in texts:
+                kl, top1 = kl_and_top1(exact[text], row["_logprobs"][text])
+                row["vs_fp32"][text] = {"kl": round(kl, 6), "top1_agreement": round(top1, 4)}
     for row in rows.values():
         row.pop("_logprobs"), row.pop("_greedy"), row.pop("_answers", None)
     report.update(rows)
@@ -305,7 +340,8 @@ def run(tokens: int = 2000, budget_gib: float = 1.0, rounds: int = 7,
         "kl": row["kl"], "top1_agreement": row["top1_agreement"], "by_text": row["by_text"],
         "decode_ratio": row["decode_ratio"], "decode_ratio_spread": row["decode_ratio_spread"],
         "context_tokens": report["teacher_forced_tokens"],
-        **({"accuracy_delta": row["accuracy_delta"]} if "accuracy_delta" in row else {})}
+        **({"accuracy_delta": row["accuracy_delta"]} if "accuracy_delta" in row else {}),
+        **({"vs_fp32": row["vs_fp32"]} if "vs_fp32" in row else {})}
         for name, row in rows.items() if name != "bf16"}
     return report
 
@@ -328,6 +364,10 @@ def table(r: dict) -> str:
         same = {t: r[name]["by_text"][t]["same_arithmetic"] for t in texts}
         lines.append(f"{name} against int8_win_all (its storage alone): " + ", ".join(
             f"{t} KL {x['kl']:.5f} top-1 {x['top1_agreement']:.4f}" for t, x in same.items()))
+    if "reference" in r:
+        lines.append("against fp32 (" + r["reference"] + "), top-1: " + "; ".join(
+            f"{name} " + ", ".join(f"{t} {r[name]['vs_fp32'][t]['top1_agreement']:.4f}"
+                                   for t in texts) for name in ROWS))
     lines.append(f"model {r['model_name']}; bytes per token, per-token vs 16-bit: "
                  f"{r['bytes_per_token_ratio_vs_16bit']}; teacher-forced positions: "
                  + ", ".join(f"{t} {n}" for t, n in r["context_tokens"].items())
@@ -338,6 +378,6 @@ def table(r: dict) -> str:
 
 def main(args) -> int:
     report = run(tokens=args.tokens, rounds=args.rounds, model_name=args.model,
-                 accuracy=args.accuracy)
+                 accuracy=args.accuracy, reference=args.fp32_reference)
     publish(report, table(report), args.json)
     return 0

@@ -249,3 +249,24 @@ def test_int8_per_token_head_server_reads_what_16_bit_reads(fresh_cache):
     assert len(ref) > 250 and kl < 0.02 and top1 > 0.9, (kl, top1)
     kl_window, _ = kl_and_top1(ref, windowed)
     assert kl_window < 0.8 * kl, (kl_window, kl)
+
+
+def test_the_fp32_reference_holds_exactly_the_16_bit_weights(tmp_path):
+    """``bench fp8-kv`` measures 16-bit KV's own error against an upcast folder: it must hold the
+    same weights (so a difference is arithmetic and KV precision only) and the same tokenizer."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from sgl_reason.bench.fp8_kv import upcast
+    from sgl_reason.model import default_model_path
+
+    source = default_model_path()
+    out = upcast(source, tmp_path / "fp32")
+    ref = AutoModelForCausalLM.from_pretrained(source, dtype=torch.bfloat16).state_dict()
+    wide = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).state_dict()
+    assert {v.dtype for v in wide.values()} == {torch.float32}
+    assert ref.keys() == wide.keys()
+    assert all(torch.equal(wide[k].bfloat16(), v) and torch.equal(wide[k], v.float())
+               for k, v in ref.items())
+    text = "Question: 12 * 7 = ?"
+    assert AutoTokenizer.from_pretrained(out)(text).input_ids == \
+        AutoTokenizer.from_pretrained(source)(text).input_ids
