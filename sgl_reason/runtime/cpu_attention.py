@@ -108,14 +108,20 @@ def plan_decode_batch(req_to_token: torch.Tensor, lanes: list[int], seq_lens: li
                       scoring)
 
 
-def _partial(q, k, v, scale, mask=None):
-    """Unnormalized attention of q [B, Hkv, R, D] over k, v [B, Hkv, L, D]: (out, max, sum)."""
-    scores = torch.matmul(q, k.transpose(-1, -2)) * scale  # [B, Hkv, R, L]
+def _partial(q, k, v, scale, mask=None, k_scale=None, v_scale=None):
+    """Unnormalized attention of q [B, Hkv, R, D] over k, v [B, Hkv, L, D]: (out, max, sum, e).
+    ``k_scale``, ``v_scale`` [B, Hkv, L]: per-row factors of low-bit K and V (``k``, ``v`` are
+    then their codes, only cast), applied to the scores and to the probabilities: q.(s k) =
+    s (q.k) and sum e (s v) = sum (e s) v, an [.., L] multiply each instead of one over every
+    [.., L, D] element. ``e`` is returned without ``v_scale`` (scoring reads it)."""
+    scores = torch.matmul(q, k.transpose(-1, -2))  # [B, Hkv, R, L]
+    scores = scores * scale if k_scale is None else scores * (k_scale * scale).unsqueeze(2)
     if mask is not None:
         scores = scores.masked_fill(~mask[:, None, None, :], float("-inf"))
     m = scores.amax(dim=-1, keepdim=True)
     e = torch.exp(scores - m)
-    return torch.matmul(e, v), m, e.sum(dim=-1, keepdim=True), e
+    weights = e if v_scale is None else e * v_scale.unsqueeze(2)
+    return torch.matmul(weights, v), m, e.sum(dim=-1, keepdim=True), e
 
 
 def _rows(cache, slots: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
@@ -125,10 +131,17 @@ def _rows(cache, slots: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
     return torch.index_select(cache, 0, slots).to(dtype)
 
 
-def _window_rows(cache, slots: torch.Tensor, reads) -> torch.Tensor:
-    """Gathered rows with a KV window's 16-bit rows put over them (``reads``: kv_window.Reads)."""
-    rows = _rows(cache, slots)
-    return rows if reads is None else reads.apply(rows, cache.window_store())
+def _coded_rows(cache, slots: torch.Tensor, reads) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Gathered rows [n, H, D] fp32 and their per-(token, head) scales [n, H] (None for a 16-bit
+    pool): a low-bit view's rows come back as codes, for :func:`_partial` to scale. A KV
+    window's 16-bit rows (``reads``: kv_window.Reads) are put over their codes with scale 1."""
+    if not hasattr(cache, "coded_rows"):  # a plain pool tensor
+        return torch.index_select(cache, 0, slots).float(), None
+    rows, row_scale = cache.coded_rows(slots)
+    if reads is not None and reads.dest.numel():
+        reads.apply(rows, cache.window_store())
+        row_scale.index_fill_(0, reads.dest, 1.0)
+    return rows, row_scale
 
 
 def shared_prefix_decode(query, k_cache, v_cache, plan: DecodePlan, scale: float) -> torch.Tensor:
@@ -139,12 +152,21 @@ def shared_prefix_decode(query, k_cache, v_cache, plan: DecodePlan, scale: float
     q = query.float().view(batch, hkv, rep, d)  # q head h reads kv head h // rep
     suffix_reads, prefix_reads = plan.window or (None, None)
 
+    def suffix(cache):  # [B, Hkv, W, D] and [B, Hkv, W] (or None)
+        rows, row_scale = _coded_rows(cache, flat, suffix_reads)
+        rows = rows.view(batch, width, hkv, d).transpose(1, 2)
+        return rows, None if row_scale is None else row_scale.view(batch, width, hkv).transpose(1, 2)
+
+    def prefix(cache, slots, reads):  # [1, Hkv, P, D] and [1, Hkv, P] (or None)
+        rows, row_scale = _coded_rows(cache, slots, reads)
+        rows = rows.transpose(0, 1).unsqueeze(0)
+        return rows, None if row_scale is None else row_scale.transpose(0, 1).unsqueeze(0)
+
     flat = plan.suffix_slots.reshape(-1)
     width = plan.suffix_slots.shape[1]
     # index_select, not k_cache[idx]: advanced indexing is ~50x slower on CPU here
-    ks = _window_rows(k_cache, flat, suffix_reads).view(batch, width, hkv, d).transpose(1, 2)
-    vs = _window_rows(v_cache, flat, suffix_reads).view(batch, width, hkv, d).transpose(1, 2)
-    out, m, l, e = _partial(q, ks, vs, scale, plan.suffix_mask)
+    (ks, k_scale), (vs, v_scale) = suffix(k_cache), suffix(v_cache)
+    out, m, l, e = _partial(q, ks, vs, scale, plan.suffix_mask, k_scale, v_scale)
     m_suffix = m.clone() if plan.scoring is not None else None
 
     for group in plan.groups:
@@ -153,10 +175,10 @@ def shared_prefix_decode(query, k_cache, v_cache, plan: DecodePlan, scale: float
             continue
         g = group.members
         reads = prefix_reads[int(g[0])] if prefix_reads else None  # sinks, shared by the group
-        kp = _window_rows(k_cache, group.prefix_slots, reads).transpose(0, 1)  # [Hkv, P, D]
-        vp = _window_rows(v_cache, group.prefix_slots, reads).transpose(0, 1)
+        kp, kp_scale = prefix(k_cache, group.prefix_slots, reads)
+        vp, vp_scale = prefix(v_cache, group.prefix_slots, reads)
         qg = q[g].permute(1, 0, 2, 3).reshape(1, hkv, len(g) * rep, d)  # all group queries
-        o2, m2, l2, _ = _partial(qg, kp.unsqueeze(0), vp.unsqueeze(0), scale)
+        o2, m2, l2, _ = _partial(qg, kp, vp, scale, None, kp_scale, vp_scale)
         o2 = o2.view(hkv, len(g), rep, d).permute(1, 0, 2, 3)
         m2 = m2.view(hkv, len(g), rep, 1).permute(1, 0, 2, 3)
         l2 = l2.view(hkv, len(g), rep, 1).permute(1, 0, 2, 3)

@@ -23,7 +23,8 @@ it in ``set_kv_buffer``; the CPU attention reads it.
 
 Reads never dequantize the pool: ``get_key_buffer`` returns a :class:`PerTokenFP8View` and
 attention gathers the rows it needs (``view[idx]`` or ``view.rows(slots)``), dequantizing only
-those. Pool sizing counts the scale bytes (the cell-size hook below), so a memory budget buys
+those; decode takes them as codes and scales (``view.coded_rows(slots)``) and applies the scale
+to its scores and probabilities, one multiply per row instead of one per element. Pool sizing counts the scale bytes (the cell-size hook below), so a memory budget buys
 the true number of tokens.
 
 Supported: the torch_native attention backend (CPU), with the radix cache, forks and the
@@ -125,8 +126,15 @@ def quantize(x: torch.Tensor, fixed: float | None = None, code: str = "e4m3"
 
 
 def dequantize(q: torch.Tensor, scale: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
-    """codes [..., D] x scale [...] -> ``dtype``. int8 codes: a multiply. fp8 codes: without
-    PyTorch's fp8 cast (scalar on CPU: a decode step's KV reads take 3.6x as long through it,
+    """codes [..., D] x scale [...] -> ``dtype``: :func:`code_values` times the scale."""
+    values, factor = code_values(q)
+    row_scale = scale.float() if factor == 1.0 else scale.float().mul(factor)
+    return values.mul_(row_scale.unsqueeze(-1)).to(dtype)
+
+
+def code_values(q: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """codes [..., D] -> (fp32 values, factor): value x factor x the row's scale is the element.
+    int8 codes: their value, factor 1. fp8 codes: without PyTorch's fp8 cast (scalar on CPU: a decode step's KV reads take 3.6x as long through it,
     ``benchmarks/fp8_dequant.py``).
 
     The e4m3 bits ``s eeee mmm`` (bias 7) are moved into an fp16 ``s eeeee mmmmmmmmmm``
@@ -135,11 +143,10 @@ def dequantize(q: torch.Tensor, scale: torch.Tensor, dtype=torch.float32) -> tor
     ``(b + (b & 0x80)) << 7`` does both moves in int16; the 2^8 goes into the scale. Exact for
     every code but NaN (0x7f, 0xff: read as +-480), which :func:`quantize` never writes."""
     if q.dtype == torch.int8:
-        return q.float().mul_(scale.float().unsqueeze(-1)).to(dtype)
+        return q.float(), 1.0
     bits = q.view(torch.uint8).to(torch.int16)
     bits.add_(bits & 0x80).bitwise_left_shift_(7)
-    out = bits.view(torch.float16).float()
-    return out.mul_(scale.float().mul(256.0).unsqueeze(-1)).to(dtype)
+    return bits.view(torch.float16).float(), 256.0
 
 
 class PerTokenFP8View:
@@ -170,6 +177,14 @@ class PerTokenFP8View:
     def rows(self, slots: torch.Tensor) -> torch.Tensor:
         return dequantize(torch.index_select(self.data, 0, slots),
                           torch.index_select(self.scale, 0, slots), torch.float32)
+
+    def coded_rows(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rows at ``slots`` undequantized: (code values [n, H, D] fp32, scales [n, H] fp32),
+        value x scale the element, for attention that applies the scale to its scores and
+        probabilities instead (``cpu_attention._partial``)."""
+        values, factor = code_values(torch.index_select(self.data, 0, slots))
+        row_scale = torch.index_select(self.scale, 0, slots).float()
+        return values, row_scale if factor == 1.0 else row_scale.mul_(factor)
 
     def __repr__(self):
         return f"PerTokenFP8View(tokens={self.data.shape[0]}, heads={self.data.shape[1]})"

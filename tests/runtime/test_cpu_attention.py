@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 
-from sgl_reason.runtime import cpu_attention
+from sgl_reason.runtime import cpu_attention, fp8_kv
 from sgl_reason.runtime.thinking_kv.columns import close_rows
 from sgl_reason.runtime.thinking_kv.scoring import ScoreBook
 
@@ -59,6 +60,32 @@ def test_shared_prefix_decode_matches_stock():
         scaling=SCALE, enable_gqa=True)
     out = cpu_attention.shared_prefix_decode(q, k, v, plan, SCALE)
     torch.testing.assert_close(out, ref.float(), atol=2e-2, rtol=0)
+
+
+@pytest.mark.parametrize("code", ["int8", "e4m3"])
+def test_low_bit_decode_scales_scores_as_dequantized_rows_would(code):
+    """Decode over a low-bit view reads codes and applies their scales to scores and
+    probabilities: the same attention, to fp32 rounding, as over the rows dequantized first
+    (shared prefix and private suffixes both)."""
+    k, v, g = _cache(2)
+    (kq, ks), (vq, vs) = fp8_kv.quantize(k, code=code), fp8_kv.quantize(v, code=code)
+    k_view = fp8_kv.PerTokenFP8View(kq, ks, torch.bfloat16)
+    v_view = fp8_kv.PerTokenFP8View(vq, vs, torch.bfloat16)
+    prefix = torch.randperm(N, generator=g)[:500]
+    rows = torch.zeros(4, 1024, dtype=torch.int32)
+    seq = []
+    for i in range(4):
+        r = torch.cat([prefix, torch.randint(0, N, (7 + 9 * i,), generator=g)])
+        rows[i, :len(r)] = r.int()
+        seq.append(len(r))
+    q = torch.randn(4, HQ, D, generator=g).bfloat16()
+    plan = cpu_attention.plan_decode(rows, seq)
+    assert [grp.prefix_slots.numel() for grp in plan.groups] == [500]
+    out = cpu_attention.shared_prefix_decode(q, k_view, v_view, plan, SCALE)
+    every = torch.arange(N)
+    ref = cpu_attention.shared_prefix_decode(q, k_view.rows(every), v_view.rows(every), plan,
+                                             SCALE)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
 
 
 def test_short_common_prefix_is_not_split():
