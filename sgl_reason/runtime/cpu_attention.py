@@ -155,7 +155,9 @@ def shared_prefix_decode(query, k_cache, v_cache, plan: DecodePlan, scale: float
     def suffix(cache):  # [B, Hkv, W, D] and [B, Hkv, W] (or None)
         rows, row_scale = _coded_rows(cache, flat, suffix_reads)
         rows = rows.view(batch, width, hkv, d).transpose(1, 2)
-        return rows, None if row_scale is None else row_scale.view(batch, width, hkv).transpose(1, 2)
+        if row_scale is not None:
+            row_scale = row_scale.view(batch, width, hkv).transpose(1, 2)
+        return rows, row_scale
 
     def prefix(cache, slots, reads):  # [1, Hkv, P, D] and [1, Hkv, P] (or None)
         rows, row_scale = _coded_rows(cache, slots, reads)

@@ -24,8 +24,9 @@ it in ``set_kv_buffer``; the CPU attention reads it.
 Reads never dequantize the pool: ``get_key_buffer`` returns a :class:`PerTokenFP8View` and
 attention gathers the rows it needs (``view[idx]`` or ``view.rows(slots)``), dequantizing only
 those; decode takes them as codes and scales (``view.coded_rows(slots)``) and applies the scale
-to its scores and probabilities, one multiply per row instead of one per element. Pool sizing counts the scale bytes (the cell-size hook below), so a memory budget buys
-the true number of tokens.
+to its scores and probabilities, one multiply per row instead of one per element. Pool sizing
+counts the scale bytes (the cell-size hook below), so a memory budget buys the true number of
+tokens.
 
 Supported: the torch_native attention backend (CPU), with the radix cache, forks and the
 plugin's CPU attention; and SGLang's Triton backend (GPU) through the kernel in
@@ -134,8 +135,8 @@ def dequantize(q: torch.Tensor, scale: torch.Tensor, dtype=torch.float32) -> tor
 
 def code_values(q: torch.Tensor) -> tuple[torch.Tensor, float]:
     """codes [..., D] -> (fp32 values, factor): value x factor x the row's scale is the element.
-    int8 codes: their value, factor 1. fp8 codes: without PyTorch's fp8 cast (scalar on CPU: a decode step's KV reads take 3.6x as long through it,
-    ``benchmarks/fp8_dequant.py``).
+    int8 codes: their value, factor 1. fp8 codes: without PyTorch's fp8 cast (scalar on CPU: a
+    decode step's KV reads take 3.6x as long through it, ``benchmarks/fp8_dequant.py``).
 
     The e4m3 bits ``s eeee mmm`` (bias 7) are moved into an fp16 ``s eeeee mmmmmmmmmm``
     (bias 15): the sign from bit 7 to bit 15, exponent and mantissa from bits 6..0 to 13..7, so
