@@ -484,6 +484,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "(0: skip)")
     b.add_argument("--no-fp32-reference", dest="fp32_reference", action="store_false",
                    help="skip measuring every row (16-bit too) against the same weights in fp32")
+    b.add_argument("--rows", type=lambda v: [x for x in v.split(",") if x], default=None,
+                   metavar="NAME[,NAME]", help="run only these rows besides bf16: per_tensor, "
+                   "per_tensor_calibrated, per_token, int8_per_token, int8_win64, int8_win_all")
     b = benches.add_parser("thinking-kv", help="stock vs each thinking-KV policy at a fixed pool")
     b.add_argument("--requests", type=int, default=10, help="requests sent at once per row")
     b.add_argument("--max-total-tokens", type=int, default=1400, help="the KV pool, in tokens")

@@ -242,11 +242,15 @@ def quality(rt: EmbeddedRuntime, texts: dict[str, str]) -> dict:
 
 
 def run(tokens: int = 2000, budget_gib: float = 1.0, rounds: int = 7,
-        model_name: str = "reasoner", accuracy: int = 0, reference: bool = True) -> dict:
+        model_name: str = "reasoner", accuracy: int = 0, reference: bool = True,
+        only: tuple[str, ...] = ROWS) -> dict:
     """Every row on ``model_name``; quality over two teacher-forced texts of about ``tokens``
     tokens each (GSM8K worked answers, the reasoner's own traces), the worst of the two as the
     row's ``kl`` and ``top1_agreement``. With ``reference``, every row (``bf16`` too) is also
-    measured against the same weights computing in fp32 (``vs_fp32``)."""
+    measured against the same weights computing in fp32 (``vs_fp32``). ``only``: the rows to
+    run (``bf16`` always runs: every ratio is against it)."""
+    if unknown := set(only) - set(ROWS):
+        raise ValueError(f"unknown fp8-kv rows {sorted(unknown)}: choose from {', '.join(ROWS)}")
     path = model.model_path(model_name)
     config = json.loads((path / "config.json").read_text())
     info = {"layers": config["num_hidden_layers"], "kv_heads": config["num_key_value_heads"],
@@ -270,7 +274,8 @@ def run(tokens: int = 2000, budget_gib: float = 1.0, rounds: int = 7,
         }
         # every row's server names its window (none: 0,0), whatever the environment holds
         configs = {name: (env, extra if window in extra or name == "bf16" else
-                          [*extra, window, "0,0"]) for name, (env, extra) in configs.items()}
+                          [*extra, window, "0,0"]) for name, (env, extra) in configs.items()
+                   if name == "bf16" or name in only}
         # all up at once (an idle server takes no CPU here), so decode speed is measured
         # in turns rather than minutes apart
         servers = {name: stack.enter_context(EmbeddedRuntime(
@@ -288,7 +293,7 @@ def run(tokens: int = 2000, budget_gib: float = 1.0, rounds: int = 7,
             rows[name].update(speed)
         if accuracy and model_name == "reasoner":  # its held-out families
             problems = held_out_problems(accuracy)
-            for name in ("bf16", *ACCURACY_ROWS):
+            for name in ("bf16", *(r for r in ACCURACY_ROWS if r in servers)):
                 got = answers(servers[name], problems)
                 rows[name]["_answers"] = got
                 rows[name]["accuracy"] = round(
@@ -312,7 +317,8 @@ def run(tokens: int = 2000, budget_gib: float = 1.0, rounds: int = 7,
             for text in texts:
                 kl, top1 = kl_and_top1(ref["_logprobs"][text], row["_logprobs"][text])
                 row["by_text"][text] = {"kl": round(kl, 6), "top1_agreement": round(top1, 4)}
-                if name in WINDOW_ROWS:  # storage alone: against the window over everything
+                # storage alone: against the window over everything, where that row ran
+                if name in WINDOW_ROWS and "int8_win_all" in rows:
                     kl, top1 = kl_and_top1(rows["int8_win_all"]["_logprobs"][text],
                                            row["_logprobs"][text])
                     row["by_text"][text]["same_arithmetic"] = {
@@ -334,7 +340,8 @@ def run(tokens: int = 2000, budget_gib: float = 1.0, rounds: int = 7,
     for row in rows.values():
         row.pop("_logprobs"), row.pop("_greedy"), row.pop("_answers", None)
     report.update(rows)
-    report["bytes_per_token_ratio_vs_16bit"] = round(rows["per_token"]["bytes_per_token"] / ref["bytes_per_token"], 4)
+    report["bytes_per_token_ratio_vs_16bit"] = round(
+        bytes_per_token(info, True, 0, tokens) / ref["bytes_per_token"], 4)
     report["schemes"] = {name: {
         "bytes_ratio_vs_16bit": round(row["bytes_per_token"] / ref["bytes_per_token"], 4),
         "kl": row["kl"], "top1_agreement": row["top1_agreement"], "by_text": row["by_text"],
@@ -351,7 +358,7 @@ def table(r: dict) -> str:
     lines = [f"{'row':22} {'B/token':>8} {'tokens/GiB':>11} "
              + " ".join(f"{t[:9] + ' KL':>12} {t[:9] + ' top1':>14}" for t in texts)
              + f" {'greedy':>7} {'decode x':>9} {'spread':>7}"]
-    for name in ROWS:
+    for name in (n for n in ROWS if n in r):
         x = r[name]
         by_text = x.get("by_text", {t: {"kl": 0.0, "top1_agreement": 1.0} for t in texts})
         lines.append(f"{name:22} {x['bytes_per_token']:>8} {x['tokens_in_budget']:>11} "
@@ -360,14 +367,15 @@ def table(r: dict) -> str:
                      + f" {x.get('greedy_agreement', 1):>7.2f} {x['decode_ratio']:>9.3f} "
                      f"{x['decode_ratio_spread']:>7.3f}"
                      + (f"  accuracy {x['accuracy']:.3f}" if "accuracy" in x else ""))
-    for name in WINDOW_ROWS:
+    for name in (n for n in WINDOW_ROWS if "same_arithmetic" in r.get(n, {}).get(
+            "by_text", {}).get(texts[0], {})):
         same = {t: r[name]["by_text"][t]["same_arithmetic"] for t in texts}
         lines.append(f"{name} against int8_win_all (its storage alone): " + ", ".join(
             f"{t} KL {x['kl']:.5f} top-1 {x['top1_agreement']:.4f}" for t, x in same.items()))
     if "reference" in r:
         lines.append("against fp32 (" + r["reference"] + "), top-1: " + "; ".join(
             f"{name} " + ", ".join(f"{t} {r[name]['vs_fp32'][t]['top1_agreement']:.4f}"
-                                   for t in texts) for name in ROWS))
+                                   for t in texts) for name in ROWS if name in r))
     lines.append(f"model {r['model_name']}; bytes per token, per-token vs 16-bit: "
                  f"{r['bytes_per_token_ratio_vs_16bit']}; teacher-forced positions: "
                  + ", ".join(f"{t} {n}" for t, n in r["context_tokens"].items())
@@ -378,6 +386,7 @@ def table(r: dict) -> str:
 
 def main(args) -> int:
     report = run(tokens=args.tokens, rounds=args.rounds, model_name=args.model,
-                 accuracy=args.accuracy, reference=args.fp32_reference)
+                 accuracy=args.accuracy, reference=args.fp32_reference,
+                 only=tuple(args.rows) if args.rows else ROWS)
     publish(report, table(report), args.json)
     return 0
