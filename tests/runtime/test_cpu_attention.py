@@ -21,6 +21,19 @@ def _cache(seed=0):
     return k, v, g
 
 
+def _forks(g, n: int, prefix: int, first: int, step: int, width: int):
+    """Block-table rows of ``n`` requests sharing ``prefix`` random slots, request i followed by
+    ``first + step * i`` slots of its own; and their lengths."""
+    shared = torch.randperm(N, generator=g)[:prefix]
+    rows = torch.zeros(n, width, dtype=torch.int32)
+    seq = []
+    for i in range(n):
+        r = torch.cat([shared, torch.randint(0, N, (first + step * i,), generator=g)])
+        rows[i, :len(r)] = r.int()
+        seq.append(len(r))
+    return rows, seq
+
+
 def test_extend_matches_stock_with_cached_prefixes():
     k, v, g = _cache()
     specs = [(0, 300), (2000, 5), (100, 1), (40, 60)]  # (cached prefix, new tokens)
@@ -71,13 +84,7 @@ def test_low_bit_decode_scales_scores_as_dequantized_rows_would(code):
     (kq, ks), (vq, vs) = fp8_kv.quantize(k, code=code), fp8_kv.quantize(v, code=code)
     k_view = fp8_kv.PerTokenFP8View(kq, ks, torch.bfloat16)
     v_view = fp8_kv.PerTokenFP8View(vq, vs, torch.bfloat16)
-    prefix = torch.randperm(N, generator=g)[:500]
-    rows = torch.zeros(4, 1024, dtype=torch.int32)
-    seq = []
-    for i in range(4):
-        r = torch.cat([prefix, torch.randint(0, N, (7 + 9 * i,), generator=g)])
-        rows[i, :len(r)] = r.int()
-        seq.append(len(r))
+    rows, seq = _forks(g, 4, 500, 7, 9, 1024)
     q = torch.randn(4, HQ, D, generator=g).bfloat16()
     plan = cpu_attention.plan_decode(rows, seq)
     assert [grp.prefix_slots.numel() for grp in plan.groups] == [500]
@@ -131,13 +138,7 @@ def test_decode_records_true_attention_probabilities_for_scored_requests():
     """Scores are each observed request's softmax over its own columns (shared prefix merged
     in), aggregated over heads by mean or max, summed over layers."""
     k, v, g = _cache(3)
-    prefix = torch.randperm(N, generator=g)[:40]
-    rows = torch.zeros(3, 128, dtype=torch.int32)
-    seq = []
-    for i in range(3):
-        r = torch.cat([prefix, torch.randint(0, N, (30 + 5 * i,), generator=g)])
-        rows[i, :len(r)] = r.int()
-        seq.append(len(r))
+    rows, seq = _forks(g, 3, 40, 30, 5, 128)
     q = torch.randn(3, HQ, D, generator=g).bfloat16()
     books = [ScoreBook(4, "mean"), ScoreBook(4, "max")]
     for book, b in zip(books, (0, 2)):
