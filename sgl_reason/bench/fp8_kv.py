@@ -52,7 +52,7 @@ DECODE_TOKENS = 64
 ACCURACY_SEED = 8_000_000
 ANSWER_BATCH = 50
 ACCURACY_ROWS = ("int8_per_token", "int8_win64")
-# chosen by this bench (docs/benchmarks.md): the window row keeps more, but decodes at 0.88x
+# chosen by this bench (docs/benchmarks.md): the window row keeps more, but decodes at 0.81-0.86x
 DEFAULT_SCHEME = "int8_per_token"
 WINDOW_ALL = ["--kv-full-precision-tokens", "0,4096", "--max-running-requests", "8"]  # > the texts
 WINDOW_ROWS = ("int8_win64",)  # read through the windowed arithmetic, as int8_win_all is

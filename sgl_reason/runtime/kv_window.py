@@ -2,8 +2,8 @@
 
 KIVI's residual window and IntactKV's sink tokens: a query reads the tokens nearest it (and the
 first few) at 16 bits and older ones from their 8-bit codes. On the tiny reasoner a 64-token
-window cuts int8's logit KL by 40% at the same accuracy, and decode slows from 0.93-0.95x to
-0.88x of 16-bit KV (``docs/benchmarks.md``), so it is off unless asked for.
+window cuts int8's logit KL by 40% at no gain in accuracy, and decode slows from 0.93-0.94x to
+0.81-0.86x of 16-bit KV (``docs/benchmarks.md``), so it is off unless asked for.
 
 Flag: ``--kv-full-precision-tokens S,W`` with a per-token pool (``fp8_kv``); ``0,0`` is off.
 
