@@ -30,6 +30,7 @@ from sgl_reason.vote import normalize_answer
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from verified_vote import consensus, tokens  # noqa: E402
 
+
 def _norm(answer: str | None) -> str | None:
     return normalize_answer(answer) if answer else None
 

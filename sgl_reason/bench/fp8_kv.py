@@ -367,8 +367,9 @@ def table(r: dict) -> str:
                      + f" {x.get('greedy_agreement', 1):>7.2f} {x['decode_ratio']:>9.3f} "
                      f"{x['decode_ratio_spread']:>7.3f}"
                      + (f"  accuracy {x['accuracy']:.3f}" if "accuracy" in x else ""))
-    for name in (n for n in WINDOW_ROWS if "same_arithmetic" in r.get(n, {}).get(
-            "by_text", {}).get(texts[0], {})):
+    for name in WINDOW_ROWS:
+        if name not in r or "int8_win_all" not in r:  # --rows left one of the pair out
+            continue
         same = {t: r[name]["by_text"][t]["same_arithmetic"] for t in texts}
         lines.append(f"{name} against int8_win_all (its storage alone): " + ", ".join(
             f"{t} KL {x['kl']:.5f} top-1 {x['top1_agreement']:.4f}" for t, x in same.items()))
