@@ -59,6 +59,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         counts={f: max(1, round(n * args.scale)) for f, n in counts.items()},
         seed=args.seed, device=args.device, init_adapter=args.init_adapter,
         lr=args.lr or defaults.lr, decision_weight=args.decision_weight,
+        max_len=args.max_len or defaults.max_len,
     )
     stats = train(model.prepare(), Path(args.out), config)
     print(f"trained {stats['steps']} steps, {stats['tokens_trained']:,} tokens in "
@@ -351,6 +352,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="train-reasoner: continue from this adapter folder instead of zeros "
                    "(the shipped one: sgl_reason/reasoner/adapter)")
     p.add_argument("--lr", type=float, help="train-reasoner: peak learning rate (default 1e-3)")
+    p.add_argument("--max-len", type=int,
+                   help="train-reasoner: longest trace trained on, in tokens with its prompt "
+                   "(default 768; longer ones are left out and counted)")
     p.add_argument("--decision-weight", type=float, default=1.0,
                    help="train-reasoner: loss weight of digit, comparison, borrow/carry and "
                    "verdict tokens (default 1: every token alike)")

@@ -84,6 +84,13 @@ def _place(i: int) -> str:
     return PLACES[i] if i < len(PLACES) else f"place {i + 1}"
 
 
+def _read_out(out: list[int]) -> str:
+    """The written column digits (``out``, ones first) read back from the highest place, each
+    named by its place, so the result line copies digits by their label instead of reversing
+    a row of columns in one go (v4 wrote ``So 752+1880=1633``)."""
+    return ", ".join(f"{_place(i)} {out[i]}" for i in reversed(range(len(out))))
+
+
 def _digits(n: int) -> list[int]:
     """Digits of ``n >= 0``, ones first."""
     return [int(c) for c in reversed(str(n))]
@@ -116,7 +123,7 @@ def add_columns(a: int, b: int, slip: Slip | None = None) -> Worked:
         parts.append(f"{_place(len(out))} {carry}")
         out.append(carry)
     value = int("".join(str(d) for d in reversed(out)))
-    return Worked(value, "; ".join(parts) + f". So {a}+{b}={value}")
+    return Worked(value, "; ".join(parts) + f". Read {_read_out(out)}. So {a}+{b}={value}")
 
 
 def sub_columns(a: int, b: int, slip: Slip | None = None) -> Worked:
@@ -140,7 +147,7 @@ def sub_columns(a: int, b: int, slip: Slip | None = None) -> Worked:
         parts.append(f"{_place(i)} " + ", ".join(part).replace(":,", ":"))
         out.append(d)
     value = int("".join(str(d) for d in reversed(out)))
-    return Worked(value, "; ".join(parts) + f". So {a}-{b}={value}")
+    return Worked(value, "; ".join(parts) + f". Read {_read_out(out)}. So {a}-{b}={value}")
 
 
 def _pair(x: int, y: int) -> str:
@@ -243,7 +250,7 @@ def mul_columns(a: int, b: int, slip: Slip | None = None) -> Worked:
                 parts.append(f"{_place(len(out))} {carry}")
                 out.extend(_digits(carry))
             row = int("".join(str(v) for v in reversed(out)))
-            text = f"{a}*{d}: " + "; ".join(parts) + f", so {row}"
+            text = f"{a}*{d}: " + "; ".join(parts) + f"; read {_read_out(out)}, so {row}"
         if b < 10:
             return Worked(row, text.replace(f", so {row}", f". So {a}*{b}={row}"))
         shifted = row * 10 ** place

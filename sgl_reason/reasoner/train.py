@@ -79,22 +79,36 @@ def add_marker_tokens(tokenizer) -> list[int]:
 
 # a token that carries a decision: a digit, a comparison, a borrow or carry, a check's verdict
 DECISION = re.compile(r"[0-9<>]|borrow|carry|right|wrong|same|Wait")
+# the sign of a digit pair (``9 and 9: 9=9``), ``=`` included: weighting only ``<`` and ``>``
+# there taught v4 that a pair's sign is rarely ``=``, and 6 of its 9 wrong chain_sum traces
+# wrote ``9>9`` or ``0<0``
+PAIR_SIGN = re.compile(r"(-?\d) and (-?\d): -?\d([=<>])")
+
+
+def _decision_chars(text: str) -> list[bool]:
+    """Per character of ``text``: does it carry a decision (:data:`DECISION`, :data:`PAIR_SIGN`)."""
+    marked = [False] * len(text)
+    for m in DECISION.finditer(text):
+        marked[m.start():m.end()] = [True] * (m.end() - m.start())
+    for m in PAIR_SIGN.finditer(text):
+        marked[m.start(3)] = True
+    return marked
 
 
 def encode(tokenizer, trace: Trace, decision_weight: float = 1.0):
     """Token ids, labels and loss weights. Labels are -100 on the prompt and on every token that
     touches a slip's wrong value (``trace.untrained``), so the model learns to catch a slip,
-    never to make one; tokens matching :data:`DECISION` weigh ``decision_weight``. The prompt
-    and the completion are tokenized apart, as the server tokenizes a prompt and then
-    generates."""
+    never to make one; tokens that carry a decision (:func:`_decision_chars`) weigh
+    ``decision_weight``. The prompt and the completion are tokenized apart, as the server
+    tokenizes a prompt and then generates."""
     prompt = tokenizer(chat_prompt(trace.question), add_special_tokens=False)["input_ids"]
     rest = trace.completion[len(THINK_START) + 1:] + "<|im_end|>"
     enc = tokenizer(rest, add_special_tokens=False, return_offsets_mapping=True)
     target = enc["input_ids"]
     labels = [-100 if any(s < b and a < e for a, b in trace.untrained) else t
               for t, (s, e) in zip(target, enc["offset_mapping"])]
-    weights = [decision_weight if DECISION.search(rest[s:e]) else 1.0
-               for s, e in enc["offset_mapping"]]
+    decisive = _decision_chars(rest)
+    weights = [decision_weight if any(decisive[s:e]) else 1.0 for s, e in enc["offset_mapping"]]
     return prompt + target, [-100] * len(prompt) + labels, [0.0] * len(prompt) + weights
 
 

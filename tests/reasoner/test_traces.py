@@ -78,7 +78,7 @@ def test_every_decision_is_written_where_it_is_made():
     assert arith.work(863, "-", 787).text == (
         "both have 3 digits, 8 and 7: 8>7: 863 is larger. ones 3 and 7: 3<7, borrow: 13-7=6; "
         "tens 6-1=5, 5 and 8: 5<8, borrow: 15-8=7; hundreds 8-1=7, 7 and 7: 7=7, 7-7=0. "
-        "So 863-787=76")
+        "Read hundreds 0, tens 7, ones 6. So 863-787=76")
     assert arith.work(-3, "+", 98).value == 95 and "98 is larger" in arith.work(-3, "+", 98).text
     assert arith.work(37, "-", 36).text.startswith(
         "both have 2 digits, 3 and 3: 3=3, 7 and 6: 7>6: 37 is larger")
@@ -86,6 +86,34 @@ def test_every_decision_is_written_where_it_is_made():
     # added inside the product: v4 writes both digits first and adds the carry as its own fact
     assert arith.work(6, "-", 9).text.startswith("6 and 9: 6<9, so -(9-6)")
     assert "tens 9*8=72, 72+3=75, 5 carry 7" in arith.work(94, "*", 28).text
+
+
+def test_results_and_rewrites_are_copied_by_name_not_assembled_silently():
+    """v4's remaining basic_arithmetic errors: a result line that did not read its own columns
+    (``So 752+1880=1633``) and an expression rewritten with an operand dropped. v5 reads the
+    digits back by place and names the part of the expression a step replaces."""
+    assert arith.work(752, "+", 1880).text.endswith(
+        "thousands 0+1+1=2. Read thousands 2, hundreds 6, tens 3, ones 2. So 752+1880=2632")
+    assert arith.work(105, "-", 98).text.endswith("Read hundreds 0, tens 0, ones 7. So 105-98=7")
+    assert "hundreds 7; read hundreds 7, tens 5, ones 2, so 752; 94*2:" in arith.work(94, "*", 28).text
+    entry = {"question": "q", "answer": "95", "metadata": {"expression": "( ( 18 + -21 ) + 98 )"}}
+    t = trace_for("basic_arithmetic", entry, random.Random(4))
+    assert "\nNow: in ( ( 18 + -21 ) + 98 ), ( 18 + -21 ) is -3: ( -3 + 98 )\n" in t.thinking
+    entry = {"question": "q", "answer": "-14", "metadata": {"expression": "4 - 9 * 2"}}
+    t = trace_for("basic_arithmetic", entry, random.Random(4))
+    assert "\nNow: in 4 - 9 * 2, 9 * 2 is 18: 4 - 18\n" in t.thinking
+
+
+def test_a_pair_sign_weighs_as_a_decision_whichever_it_is():
+    """v4 weighted ``<`` and ``>`` as decisions but not ``=``; its chain_sum errors were then
+    mostly equal digits written ``9>9``."""
+    from sgl_reason.reasoner.train import _decision_chars
+
+    text = "7 and 7: 7=7, 7-7=0; tens -1 and 9: -1<9, borrow"
+    marked = _decision_chars(text)
+    signs = [i for i, c in enumerate(text) if c in "=<" and marked[i]]
+    assert [text[i] for i in signs] == ["=", "<"]  # the two pair signs, not the fact's "="
+    assert not marked[text.index("7-7=") + 3]
 
 
 def test_held_out_questions_are_never_trained_on():
