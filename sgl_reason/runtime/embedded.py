@@ -125,9 +125,11 @@ class EmbeddedRuntime:
     def server_info(self) -> dict:
         return requests.get(self.url + "/get_server_info", timeout=10).json()
 
-    def flush_cache(self, wait: float = 30.0) -> None:
+    def flush_cache(self, wait: float = 120.0) -> None:
         """Empty the radix cache. SGLang refuses while requests run (an aborted one may still
-        be finishing), so this retries until the server is idle, for up to ``wait`` seconds."""
+        be finishing), so this retries until the server is idle, for up to ``wait`` seconds.
+        30 s once ran out in the full suite while a second server was starting beside this one
+        on the 2 CPU cores."""
         deadline = time.monotonic() + wait
         while True:
             response = requests.post(self.url + "/flush_cache", timeout=30)
