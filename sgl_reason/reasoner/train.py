@@ -53,6 +53,10 @@ class TrainConfig(BaseModel):
     epochs: float = Field(1.0, gt=0)
     batch_size: int = Field(8, ge=1)
     max_len: int = Field(768, ge=64)  # longer traces are left out (counted in the stats)
+    # a batch holds at most this many tokens, padding included (fewer traces when they are
+    # long): eager attention keeps every layer's scores for the backward pass, and 8 traces of
+    # 1,280 tokens needed more than the machine's 24 GiB. 8 x 768 ran in the v2-v4 runs.
+    max_batch_tokens: int = Field(8 * 768, ge=64)
     checkpoint_every: int = Field(50, ge=1)
     device: str = "cpu"
     # continue from an adapter folder (LoRA of the same rank and marker rows) instead of zeros
@@ -112,15 +116,24 @@ def encode(tokenizer, trace: Trace, decision_weight: float = 1.0):
     return prompt + target, [-100] * len(prompt) + labels, [0.0] * len(prompt) + weights
 
 
-def _batches(examples, batch_size: int, rng: random.Random):
-    """Shuffle, group by length in windows of 32 batches, shuffle the batches."""
+def _batches(examples, batch_size: int, rng: random.Random, max_tokens: int | None = None):
+    """Shuffle, group by length in windows of 32 batches, shuffle the batches. A batch holds at
+    most ``batch_size`` traces and ``max_tokens`` tokens, padding included."""
     order = list(range(len(examples)))
     rng.shuffle(order)
     window = batch_size * 32
     batches = []
     for w in range(0, len(order), window):
         chunk = sorted(order[w:w + window], key=lambda i: len(examples[i][0]))
-        batches += [chunk[i:i + batch_size] for i in range(0, len(chunk), batch_size)]
+        batch: list[int] = []
+        for i in chunk:  # ascending length: the newest trace is the batch's longest
+            if batch and (len(batch) == batch_size
+                          or max_tokens and (len(batch) + 1) * len(examples[i][0]) > max_tokens):
+                batches.append(batch)
+                batch = []
+            batch.append(i)
+        if batch:
+            batches.append(batch)
     rng.shuffle(batches)
     return batches
 
@@ -217,7 +230,7 @@ def train(base: Path, out: Path, config: TrainConfig, *, progress: bool = True,
     rng = random.Random(config.seed)
     batches = []
     for _ in range(math.ceil(config.epochs)):
-        batches += _batches(examples, config.batch_size, rng)
+        batches += _batches(examples, config.batch_size, rng, config.max_batch_tokens)
     batches = batches[:max(1, round(len(batches) * config.epochs / math.ceil(config.epochs)))]
     total_steps = len(batches)
 

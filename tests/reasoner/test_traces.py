@@ -149,3 +149,19 @@ def test_training_resumes_from_its_checkpoint_and_ships_a_small_adapter(tmp_path
     # LoRA rank 4 in bf16 (2.4 MB) and two marker rows, never the 57 MB embedding
     assert weights.stat().st_size < 4 << 20
     assert (tmp_path / "loss.png").stat().st_size > 0
+
+
+def test_a_batch_of_long_traces_holds_fewer_of_them():
+    """8 traces of 1,280 tokens ran the 24 GiB machine out of memory (eager attention keeps
+    every layer's scores): a batch is capped in tokens, padding included, and batches of short
+    traces are the ones the v2-v4 runs trained on."""
+    from sgl_reason.reasoner.train import _batches
+
+    examples = [([0] * n,) for n in [120] * 50 + [700] * 20 + [1280] * 13]
+    batches = _batches(examples, 8, random.Random(1), max_tokens=8 * 768)
+    assert sorted(i for b in batches for i in b) == list(range(len(examples)))
+    assert all(len(b) <= 8 and len(b) * max(len(examples[i][0]) for i in b) <= 8 * 768
+               for b in batches)
+    assert max(len(b) for b in batches if any(len(examples[i][0]) == 1280 for i in b)) == 4
+    short = [([0] * n,) for n in range(100, 700, 3)]
+    assert _batches(short, 8, random.Random(2)) == _batches(short, 8, random.Random(2), 8 * 768)
