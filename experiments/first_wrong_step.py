@@ -7,7 +7,10 @@ problem, finds the first place in its thinking where something written is false:
   borrow or in a comparison;
 - a *fact*: ``a op b = c`` with op ``+ - *`` (and v3's ``a*b+c = d``), classified by the line
   it is on: a ``Check:`` line (the steps were right on what they read, so the expression was
-  rewritten wrongly), or by its operator.
+  rewritten wrongly), or by its operator;
+- v5's *rewrite* (``Now: in X, Y is v: Z`` where Z is not X with Y replaced by v) and *read-out*
+  (``Read hundreds 7, tens 5, ones 2. So 94*8=752`` where the digits read are not the number
+  after it, or not the digits its columns wrote).
 
     .venv/bin/python experiments/first_wrong_step.py results/reasoner-v4/reasoner_greedy.jsonl
 
@@ -31,9 +34,46 @@ ORDER = {"<": operator.lt, ">": operator.gt, "=": operator.eq}
 FAMILIES = ("chain_sum", "basic_arithmetic")
 
 
+REWRITE = re.compile(r"^Now: in (.+?), (.+?) is (-?\d+): (.+)$", re.M)
+READ = re.compile(r"[Rr]ead ((?:[a-z-]+ \d(?:, )?)+)[.,] [Ss]o (?:\S+=)?(-?\d+)")
+COLUMN = re.compile(r"([a-z-]+) [^;.]*?=(\d+)(?:, (\d) carry \d+)?(?=[;.]|$)|([a-z-]+) (\d)(?=[;.])")
+
+
+def _rewrite_errors(thinking: str) -> list[int]:
+    from sgl_reason.reasoner.traces import _drop_single_parens, _tokens
+
+    out = []
+    for m in REWRITE.finditer(thinking):
+        before, replaced, value, after = (m[i].strip() for i in range(1, 5))
+        want = " ".join(_drop_single_parens(_tokens(before.replace(replaced, value, 1))))
+        if replaced not in before or want != " ".join(_tokens(after)):
+            out.append(m.start())
+    return out
+
+
+def _read_errors(thinking: str) -> list[int]:
+    """Read-outs whose digits are not the number they give, or not their columns' digits."""
+    out, start = [], 0
+    for m in READ.finditer(thinking):
+        read = [p.rsplit(" ", 1) for p in m[1].split(", ")]
+        written = {}
+        for c in COLUMN.finditer(thinking[start:m.start()]):
+            if c[1]:
+                written[c[1]] = c[3] if c[3] is not None else c[2][-1]
+            else:
+                written[c[4]] = c[5]
+        start = m.end()
+        if int("".join(d for _, d in read)) != int(m[2]) or any(
+                place in written and written[place] != d for place, d in read):
+            out.append(m.start())
+    return out
+
+
 def first_error(thinking: str) -> str:
     signs = [m.start() for m in SIGN.finditer(thinking)
              if not ORDER[m[2]](int(m[1]), int(m[3]))]
+    others = sorted([(at, "rewrite") for at in _rewrite_errors(thinking)]
+                    + [(at, "read-out") for at in _read_errors(thinking)])
     facts = []
     for m in FACT.finditer(thinking):
         a, op, b, carry, result = m.groups()
@@ -41,6 +81,9 @@ def first_error(thinking: str) -> str:
         if value != int(result):
             facts.append(m)
     sign_at = signs[0] if signs else len(thinking)
+    fact_at = facts[0].start() if facts else len(thinking)
+    if others and others[0][0] < min(sign_at, fact_at):
+        return others[0][1]
     if facts and facts[0].start() < sign_at:
         fact = facts[0]
         line = thinking[:fact.start()].rsplit("\n", 1)[-1]
