@@ -25,9 +25,11 @@ def test_thinking_never_exceeds_the_budget(runtime, mode, budget_tokens):
         assert sample.answer_tokens <= 8
         if sample.forced:
             assert sample.thinking_tokens == budget_tokens
-        # thinking and answer are returned separately: the marker is in neither
+        # thinking and answer are returned separately: the marker that closed the thinking is
+        # in neither (SmolLM2 may write the marker again inside its answer: that text is its own)
         marker = "</reasoning>"
-        assert marker not in sample.thinking and marker not in sample.answer_text
+        assert marker not in sample.thinking
+        assert not sample.answer_text.lstrip().startswith(marker)
         assert result.cost.thinking_tokens == sample.thinking_tokens
         # an answer its 8 tokens cut is read as cut (a number at its end may be unfinished); on
         # the single route the processor cuts it with a forced EOS, which finishes as "stop"
