@@ -36,7 +36,8 @@ FAMILIES = ("chain_sum", "basic_arithmetic")
 
 REWRITE = re.compile(r"^Now: in (.+?), (.+?) is (-?\d+): (.+)$", re.M)
 READ = re.compile(r"[Rr]ead ((?:[a-z-]+ \d(?:, )?)+)[.,] [Ss]o (?:\S+=)?(-?\d+)")
-COLUMN = re.compile(r"([a-z-]+) [^;.]*?=(\d+)(?:, (\d) carry \d+)?(?=[;.]|$)|([a-z-]+) (\d)(?=[;.])")
+COLUMN = re.compile(r"([a-z-]+) [^;.]*?=(\d+)(?:, (\d) carry \d+)?(?=[;.]|$)"  # a column's fact
+                    r"|([a-z-]+) (\d)(?=[;.])")  # its last carry, written as a digit
 
 
 def _rewrite_errors(thinking: str) -> list[int]:

@@ -90,7 +90,8 @@ PAIR_SIGN = re.compile(r"(-?\d) and (-?\d): -?\d([=<>])")
 
 
 def _decision_chars(text: str) -> list[bool]:
-    """Per character of ``text``: does it carry a decision (:data:`DECISION`, :data:`PAIR_SIGN`)."""
+    """Per character of ``text``: does it carry a decision (:data:`DECISION`,
+    :data:`PAIR_SIGN`)."""
     marked = [False] * len(text)
     for m in DECISION.finditer(text):
         marked[m.start():m.end()] = [True] * (m.end() - m.start())

@@ -95,7 +95,8 @@ def test_results_and_rewrites_are_copied_by_name_not_assembled_silently():
     assert arith.work(752, "+", 1880).text.endswith(
         "thousands 0+1+1=2. Read thousands 2, hundreds 6, tens 3, ones 2. So 752+1880=2632")
     assert arith.work(105, "-", 98).text.endswith("Read hundreds 0, tens 0, ones 7. So 105-98=7")
-    assert "hundreds 7; read hundreds 7, tens 5, ones 2, so 752; 94*2:" in arith.work(94, "*", 28).text
+    product = arith.work(94, "*", 28).text
+    assert "hundreds 7; read hundreds 7, tens 5, ones 2, so 752; 94*2:" in product
     entry = {"question": "q", "answer": "95", "metadata": {"expression": "( ( 18 + -21 ) + 98 )"}}
     t = trace_for("basic_arithmetic", entry, random.Random(4))
     assert "\nNow: in ( ( 18 + -21 ) + 98 ), ( 18 + -21 ) is -3: ( -3 + 98 )\n" in t.thinking
