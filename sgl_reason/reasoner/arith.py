@@ -12,7 +12,9 @@ wrong digit of a long number, a dropped borrow, "124 is less than 47"):
 - before a difference the two numbers are compared, length first, then digit by digit from the
   left, each pair written before its sign (``both have 2 digits, 9 and 9: 9=9, 4 and 5: 4<5:
   95 is larger``);
-- a product's carry is added as its own fact (``tens 3*7=21, 21+2=23, 3 carry 2``).
+- a product's carry is added as its own fact (``tens 3*7=21, 21+2=23, 3 carry 2``);
+- a result is read back from its columns by place before it is written (v5: ``Read hundreds 8,
+  tens 1, ones 3. So 427+386=813``).
 
 A *slip* replaces one column's result with a plausible wrong one (off by one) and carries the
 error through, as a careless human would; the trace builder lets a later check catch it. The
@@ -23,7 +25,7 @@ loss: the model learns to catch and fix a slip, never to make one.
 |----------------------|---------------------------------------------------------------------|
 | one-digit operands   | the fact itself: ``7+6=13``                                         |
 | a + b (a, b >= 0)    | ``ones 7+6=13, 3 carry 1; tens 2+8+1=11, 1 carry 1; hundreds 4+3+1=8.  |
-|                      | So 427+386=813``                                                    |
+|                      | Read hundreds 8, tens 1, ones 3. So 427+386=813``                   |
 | a - b (a >= b >= 0)  | ``ones 3 and 7: 3<7, borrow: 13-7=6; tens 6-1=5, 5 and 8: 5<8, ...`` |
 | pos - neg            | the comparison, then the larger minus the smaller, then the sign    |
 | signed a + b, a - b  | reduced to one of the above, the reduction said in words            |

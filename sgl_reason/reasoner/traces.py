@@ -5,7 +5,8 @@ A trace is shaped like a real reasoning model's (R1, Qwen3)::
     <think>
     Plan: ...                                   one sentence
     Step 1: -59 + 21. 21 is less than 59: ...   one operation a step, digit facts per column
-    Now: ( -38 + 40 ) + -96                     the expression left, rewritten after each step
+    Now: in -59 + 21 + 40 + -96, -59 + 21 is    the expression rewritten after each step, the
+    -38: -38 + 40 + -96                         part it replaces named (v5)
     ...
     Check: ...                                  every step recomputed backwards (the inverse
                                                 operation) or the sum in another order
