@@ -239,13 +239,19 @@ def _leg_trace(question: str, animals: dict[str, int], gold: str, rng: random.Ra
             value = w.value
         return out
 
+    # the add chain names each total by its animal, from a list written just above it: v5
+    # dropped or repeated a total in 4 of its 6 wrong leg traces, adding bare numbers
+    names = [_plural(name, count) for name, count in animals.items()]
+    totals_line = "Totals: " + ", ".join(f"{n} {t}" for n, t in zip(names, totals)) + "."
+
     def added(adds):
-        return "Add: " + " ".join(f"{a}+{t}: {w.text}." for a, t, w in adds)
+        return f"Add: {names[0]} {totals[0]}, " + " ".join(
+            f"+ {n} {t}: {w.text}." for n, (_, t, w) in zip(names[1:], adds))
 
     adds = running(slip_at)
     if slip_at is not None and adds[slip_at][2].slipped is None:
         slip_at = None
-    lines.append(added(adds))
+    lines += [totals_line, added(adds)]
     total = adds[-1][2].value
     right = sum(totals)
     # the check adds from the last total; where it slips, one partial sum is off by one
@@ -259,14 +265,16 @@ def _leg_trace(question: str, animals: dict[str, int], gold: str, rng: random.Ra
             partial += rng.choice((-1, 1))
             shown = f"{UNTRAINED[0]}{partial}{UNTRAINED[1]}"
         rev.append(f"{start} + {t} = {shown}")
-    verdict = "right" if partial == total else f"not {total}, wrong"
-    lines.append(f"So the total is {total}. Check, adding from the last: {', '.join(rev)}, "
-                 f"{verdict}.")
+    # the verdict is written after both numbers are on the page (v5 said "right" of a check
+    # that gave 54 against a total of 70)
+    verdict = "the same, right" if partial == total else "not the same, wrong"
+    lines.append(f"So the total is {total}. Check, adding from the last: {', '.join(rev)}. "
+                 f"The check gives {partial}, the total is {total}: {verdict}.")
     if slip_at is not None or check_at is not None:
         # a failed check is settled by adding again in columns, never by trusting the check
         again = running(None)
-        lines.append(f"Wait, the check gives {partial}, not {total}. Again in columns. "
-                     + added(again))
+        lines.append(f"Wait, the check gives {partial}, not {total}. Again in columns, from "
+                     f"the totals. " + added(again))
         if slip_at is not None:
             lines.append(f"So the total is {right}, not {total}: it matches the check.")
         else:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import re
 
 import pytest
 
@@ -103,6 +104,27 @@ def test_results_and_rewrites_are_copied_by_name_not_assembled_silently():
     entry = {"question": "q", "answer": "-14", "metadata": {"expression": "4 - 9 * 2"}}
     t = trace_for("basic_arithmetic", entry, random.Random(4))
     assert "\nNow: in 4 - 9 * 2, 9 * 2 is 18: 4 - 18\n" in t.thinking
+
+
+def test_leg_totals_are_added_by_name_and_the_check_compares_before_its_verdict():
+    """v5's wrong leg traces dropped or repeated a total in the add chain (4 of 6) and called a
+    check "right" that gave 54 against a total of 70. v6 lists the totals by animal, adds them
+    by name, and writes both numbers before the verdict."""
+    entry = {"question": "q", "answer": "70",
+             "metadata": {"animals": {"cockroach": 5, "flatworm": 8, "cricket": 4, "cat": 4}}}
+    for seed in range(40):
+        t = trace_for("leg_counting", entry, random.Random(seed))
+        assert "\nTotals: cockroachs 30, flatworms 0, crickets 24, cats 16.\nAdd: cockroachs 30, "\
+            "+ flatworms 0: 30+0=" in t.thinking
+        adds = t.thinking.split("\nAdd: ")[1].split("\n")[0]
+        assert re.findall(r"\+ (\w+) \d+:", adds) == ["flatworms", "crickets", "cats"]
+        assert "So 54+16=70." in t.thinking or t.slipped  # a slipped sum is redone below
+        check = t.thinking.split("Check, adding from the last: ", 1)[1].split("\n", 1)[0]
+        gives = int(check.split("The check gives ", 1)[1].split(",", 1)[0])
+        assert check.endswith("the same, right.") == (gives == int(check.split("total is ")[1]
+                                                                   .split(":")[0]))
+        assert ("not the same, wrong" in check) == (t.slipped or t.check_slipped)
+        assert "The answer is 70." in t.answer
 
 
 def test_a_pair_sign_weighs_as_a_decision_whichever_it_is():
