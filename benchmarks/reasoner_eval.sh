@@ -8,8 +8,9 @@
 # family (default 8: SmolLM2's greedy run and both models' budget runs) and SC_SUBSET per
 # arithmetic family for self-consistency (default 10). SmolLM2 never closes its thinking, so its
 # budget always binds: it thinks SMOLLM2_BUDGET tokens (default 256). MODELS (default
-# "reasoner smollm2") picks the models to run. Eval records resume: rerunning skips finished
-# problems.
+# "reasoner smollm2") picks the models to run. ADAPTER=RUN/adapter evaluates a trained adapter
+# in place of the shipped one (merged into its own folder first). Eval records resume: rerunning
+# skips finished problems.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
@@ -21,8 +22,16 @@ DATA=data/reasoner_heldout.jsonl  # 50 problems per family, seed 5,000,000
 BIN=.venv/bin
 mkdir -p "$OUT"
 
+REASONER=reasoner
+if [ -n "${ADAPTER:-}" ]; then
+  "$BIN/sgl-reason" model prepare --model reasoner --adapter "$ADAPTER"
+  REASONER=$("$BIN/sgl-reason" model path --model reasoner --adapter "$ADAPTER")
+fi
+
 serve() {  # serve MODEL PORT: start a server in its own process group, wait until it answers
-  setsid "$BIN/sgl-reason" serve --model "$1" --port "$2" > "$OUT/server_$1.log" 2>&1 &
+  local path=$1
+  [ "$1" = reasoner ] && path=$REASONER
+  setsid "$BIN/sgl-reason" serve --model "$path" --port "$2" > "$OUT/server_$1.log" 2>&1 &
   echo $! > "$OUT/server_$1.pid"
   for _ in $(seq 300); do
     curl -sf "http://127.0.0.1:$2/get_server_info" > /dev/null && return 0

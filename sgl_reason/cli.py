@@ -16,17 +16,28 @@ def _cmd_model(args: argparse.Namespace) -> int:
 
     if args.action == "train-reasoner":
         return _cmd_train(args)
-    if args.action == "path":
+    if args.adapter:  # a trained adapter other than the shipped one
+        if args.model != model.REASONER:
+            raise SystemExit("--adapter is the reasoner's: add --model reasoner")
+        path = model.adapter_path(args.adapter, args.dtype)
+        prepared = model.is_prepared(path, model.adapter_sha256(args.adapter))
+        again = f"--model reasoner --adapter {args.adapter}"
+    else:
         path = model.model_path(args.model, args.dtype)
-        if not model.is_prepared(path):
-            print(f"not prepared: run `sgl-reason model prepare --model {args.model}` "
-                  f"(would be {path})", file=sys.stderr)
+        prepared, again = model.is_prepared(path), f"--model {args.model}"
+    if args.action == "path":
+        if not prepared:
+            print(f"not prepared: run `sgl-reason model prepare {again}` (would be {path})",
+                  file=sys.stderr)
             return 1
         print(path)
         return 0
     start = time.monotonic()
-    already = model.is_prepared(model.model_path(args.model, args.dtype)) and not args.force
-    path = model.prepare(dtype=args.dtype, force=args.force, model=args.model)
+    already = prepared and not args.force
+    if args.adapter:
+        path = model.prepare_adapter(args.adapter, dtype=args.dtype, force=args.force)
+    else:
+        path = model.prepare(dtype=args.dtype, force=args.force, model=args.model)
     verb = "already prepared" if already else f"prepared in {time.monotonic() - start:.1f} s"
     print(f"{path} ({verb})")
     return 0
@@ -339,6 +350,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "(the plain SmolLM2-135M-Instruct; default)")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     p.add_argument("--force", action="store_true", help="convert again even if prepared")
+    p.add_argument("--adapter", metavar="DIR",
+                   help="prepare/path with --model reasoner: merge this trained adapter (a "
+                   "train-reasoner run's adapter/ folder) instead of the shipped one, into its "
+                   "own folder, to serve or evaluate before shipping it")
     p.add_argument("--out", default="runs/reasoner",
                    help="train-reasoner: run folder (a rerun resumes from its checkpoint)")
     p.add_argument("--device", default="cpu", help="train-reasoner: cpu or cuda")

@@ -41,6 +41,7 @@ SMOLLM2, REASONER = "smollm2", "reasoner"
 MODEL_NAMES = (REASONER, SMOLLM2)
 REASONER_NAME = "sgl-reason-reasoner-135M"  # the folder name selects the reasoner profile
 ADAPTER_DIR = Path(__file__).parent / "reasoner" / "adapter"
+WEIGHTS = "adapter_model.safetensors"
 # sha256 of the shipped adapter's files (written by `sgl-reason model train-reasoner`).
 ADAPTER_SHA256 = {
     "adapter_config.json": "c339ec9b2c3845dab269cc620ff2ed7e7d0efeed9a1e8ea4f25ba295adaa9f19",
@@ -100,14 +101,14 @@ def sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def is_prepared(path: Path) -> bool:
+def is_prepared(path: Path, adapter_sha256: dict[str, str] = ADAPTER_SHA256) -> bool:
     try:
         manifest = json.loads((path / MANIFEST).read_text())
     except (OSError, ValueError):
         return False
     if manifest.get("gguf_sha256") != GGUF_SHA256:
         return False
-    return manifest.get("adapter_sha256", ADAPTER_SHA256) == ADAPTER_SHA256
+    return manifest.get("adapter_sha256", adapter_sha256) == adapter_sha256
 
 
 def check_adapter(folder: Path | None = None) -> None:
@@ -176,6 +177,41 @@ def _prepare_reasoner(dtype: str, force: bool) -> Path:
     return _build(target, lambda out: _merge_adapter(base, ADAPTER_DIR, out, dtype),
                   {"base": str(base), "gguf_sha256": GGUF_SHA256, "adapter": str(ADAPTER_DIR),
                    "adapter_sha256": ADAPTER_SHA256, "dtype": dtype})
+
+
+def adapter_path(adapter: Path, dtype: str = DEFAULT_DTYPE) -> Path:
+    """Where ``prepare_adapter(adapter)`` puts the folder: the reasoner's name (which selects
+    its profile) and the adapter weights' sha256, so each trained adapter gets its own."""
+    return home() / "models" / f"{REASONER_NAME}-{dtype}-{adapter_sha256(adapter)[WEIGHTS][:12]}"
+
+
+def adapter_sha256(adapter: Path) -> dict[str, str]:
+    """The sha256 of each of a trained adapter's files, or an error naming the missing one."""
+    out = {}
+    for name in ADAPTER_SHA256:
+        path = Path(adapter) / name
+        if not path.is_file():
+            raise ModelPrepareError(
+                f"{path} is missing: --adapter takes the adapter/ folder of a "
+                "`sgl-reason model train-reasoner` run (RUN/adapter), which holds "
+                f"{' and '.join(ADAPTER_SHA256)}.")
+        out[name] = sha256(path)
+    return out
+
+
+def prepare_adapter(adapter: Path, dtype: str = DEFAULT_DTYPE, force: bool = False) -> Path:
+    """The reasoner with another adapter than the shipped one (a run of `sgl-reason model
+    train-reasoner`), merged into its own folder beside the shipped one, to serve and evaluate
+    before it ships. Idempotent like :func:`prepare`: the manifest records the adapter's sha256."""
+    adapter = Path(adapter).resolve()
+    shas = adapter_sha256(adapter)
+    target = adapter_path(adapter, dtype)
+    if is_prepared(target, shas) and not force:
+        return target
+    base = prepare(dtype=dtype)
+    return _build(target, lambda out: _merge_adapter(base, adapter, out, dtype),
+                  {"base": str(base), "gguf_sha256": GGUF_SHA256, "adapter": str(adapter),
+                   "adapter_sha256": shas, "dtype": dtype})
 
 
 def _merge_adapter(base: Path, adapter: Path, out: Path, dtype: str) -> None:

@@ -72,6 +72,38 @@ def test_a_missing_or_corrupt_adapter_file_is_named_with_how_to_rebuild(monkeypa
         model.prepare(model="reasoner")
 
 
+@pytest.mark.slow
+def test_a_trained_adapter_is_merged_into_its_own_folder(monkeypatch, tmp_path, capsys):
+    """`model prepare --model reasoner --adapter RUN/adapter`: a candidate to evaluate before it
+    ships, beside the shipped reasoner, named for its weights, under the reasoner's profile."""
+    import shutil
+
+    from sgl_reason.cli import main
+    from sgl_reason.profiles import profile_for
+
+    base = model.prepare()
+    monkeypatch.setenv("SGL_REASON_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(model, "prepare", lambda dtype=model.DEFAULT_DTYPE, **_: base)
+    run = tmp_path / "run" / "adapter"
+    shutil.copytree(model.ADAPTER_DIR, run)
+    assert main(["model", "path", "--model", "reasoner", "--adapter", str(run)]) == 1
+    assert f"model prepare --model reasoner --adapter {run}" in capsys.readouterr().err
+    path = model.prepare_adapter(run)
+    shipped = model.ADAPTER_SHA256[model.WEIGHTS]
+    assert path.name == f"sgl-reason-reasoner-135M-bfloat16-{shipped[:12]}"
+    assert path.parent == tmp_path / "home" / "models" and (path / "config.json").is_file()
+    assert profile_for(str(path)).name == "reasoner"
+    started = time.monotonic()
+    assert model.prepare_adapter(run) == path and time.monotonic() - started < 1.0
+    assert main(["model", "path", "--model", "reasoner", "--adapter", str(run)]) == 0
+    assert capsys.readouterr().out.strip() == str(path)
+    (run / "adapter_config.json").unlink()
+    with pytest.raises(model.ModelPrepareError, match=r"adapter_config.json is missing.*RUN/adapter"):
+        model.prepare_adapter(run)
+    with pytest.raises(SystemExit, match="add --model reasoner"):
+        main(["model", "prepare", "--adapter", str(run)])
+
+
 def test_the_reasoner_folder_is_prepared_once_with_its_marker_tokens():
     path = model.model_path("reasoner")
     if not model.is_prepared(path):
