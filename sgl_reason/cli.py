@@ -262,7 +262,9 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         from sgl_reason.profiles import Sampling
 
         early["sampling"] = Sampling(temperature=args.temperature)
-    info = {"program": args.program, "model": args.model or "smollm2", "data": args.data,
+    # the model: the embedded server's name, or the folder the server at --url reports
+    info = {"program": args.program, "model": args.url or args.model or "smollm2",
+            "data": args.data,
             "n": None if args.program == "think_then_answer" else args.n,
             "budget": think.thinking_tokens if think is not None else None,
             "early_stop": args.early_stop, "verifier": args.verifier}
@@ -274,6 +276,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         from sgl_reason.connection import connect
 
         with connect(args.url, model=args.model, extra_args=args.server_arg) as backend:
+            if args.url:
+                info["model"] = backend.server_info.get("model_path") or args.url
             summary = evaluate.run(_program(args, think, early), problems, out,
                                    concurrency=args.concurrency, info=info, backend=backend)
     print(evaluate.summary_table(summary))

@@ -76,6 +76,9 @@ def test_eval_then_plot(runtime, tmp_path):
                  "--url", runtime.url, "--out", str(out))
     assert result.returncode == 0, result.stderr[-2000:]
     assert "extraction rate" in result.stdout
+    # a server at --url: the summary names the model it serves, not the embedded default
+    served = json.loads(out.with_name("sc.summary.json").read_text())["run"]["model"]
+    assert served == runtime.endpoint.server_info["model_path"], served
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(records) == 3 and {"question", "gold", "prediction", "correct", "samples", "cost"} <= records[0].keys()
     # resumable: a second run does no new work
