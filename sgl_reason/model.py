@@ -44,8 +44,8 @@ ADAPTER_DIR = Path(__file__).parent / "reasoner" / "adapter"
 WEIGHTS = "adapter_model.safetensors"
 # sha256 of the shipped adapter's files (written by `sgl-reason model train-reasoner`).
 ADAPTER_SHA256 = {
-    "adapter_config.json": "c339ec9b2c3845dab269cc620ff2ed7e7d0efeed9a1e8ea4f25ba295adaa9f19",
-    "adapter_model.safetensors": "83cc1b84133ee8f2e09dfe002519610a6803f0bc7fa133ae56fac20ed8c0f6e2",
+    "adapter_config.json": "e7fd5aa58cc717cee343aa565c0e8ab64cd7c6bad090183d181e097e46acea3a",
+    "adapter_model.safetensors": "719230befe51333785c552d8c871ee033b2a5612f5c2c109f3334ae514f77a14",
 }
 
 
