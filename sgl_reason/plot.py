@@ -56,16 +56,16 @@ def plot(paths: list[str], out_dir: str = "plots") -> list[Path]:
             benches[label] = data
     if summaries:
         fig, ax = plt.subplots(figsize=(7, 4.5))
-        xs = [s["tokens_per_problem"] for s in summaries.values()]
+        x_max = max(s["tokens_per_problem"] for s in summaries.values()) * 1.15 + 1
         for label, s in summaries.items():
             x = s["tokens_per_problem"]
             ax.scatter(x, s["accuracy"])
             # a label reads rightwards from its point, or leftwards in the right half of the
             # axis, so that the last point's label stays inside the figure
-            left = x > 0.5 * max(xs) * 1.15
+            left = x > x_max / 2
             ax.annotate(point_label(label, s), (x, s["accuracy"]), xytext=(-4 if left else 4, 4),
                         textcoords="offset points", fontsize=7, ha="right" if left else "left")
-        ax.set_xlim(0, max(xs) * 1.15 + 1)
+        ax.set_xlim(0, x_max)
         ax.set_ylim(0, 1.05)  # accuracy is a share: a 0-1 axis, never a zoom on noise
         ax.set(xlabel="decoded tokens per problem", ylabel="accuracy", title="Accuracy vs tokens")
         written.append(_save(fig, out / "accuracy_vs_tokens.png"))
