@@ -35,7 +35,8 @@ FAMILIES = ("chain_sum", "basic_arithmetic")
 
 
 REWRITE = re.compile(r"^Now: in (.+?), (.+?) is (-?\d+): (.+)$", re.M)
-READ = re.compile(r"[Rr]ead ((?:[a-z-]+ \d(?:, )?)+)[.,] [Ss]o (?:\S+=)?(-?\d+)")
+READ = re.compile(r"[Rr]ead ((?:[a-z-]+ \d(?:, )?)+)(?:; (?:[a-z-]+ 0(?:, )?)+ dropped)?"  # v7
+                  r"[.,] [Ss]o (?:\S+=)?(-?\d+)")
 COLUMN = re.compile(r"([a-z-]+) [^;.]*?=(\d+)(?:, (\d) carry \d+)?(?=[;.]|$)"  # a column's fact
                     r"|([a-z-]+) (\d)(?=[;.])")  # its last carry, written as a digit
 

@@ -14,7 +14,8 @@ wrong digit of a long number, a dropped borrow, "124 is less than 47"):
   95 is larger``);
 - a product's carry is added as its own fact (``tens 3*7=21, 21+2=23, 3 carry 2``);
 - a result is read back from its columns by place before it is written (v5: ``Read hundreds 8,
-  tens 1, ones 3. So 427+386=813``).
+  tens 1, ones 3. So 427+386=813``), a difference's leading zeros named as dropped (v7:
+  ``Read tens 7, ones 6; hundreds 0 dropped. So 863-787=76``).
 
 A *slip* replaces one column's result with a plausible wrong one (off by one) and carries the
 error through, as a careless human would; the trace builder lets a later check catch it. The
@@ -89,8 +90,19 @@ def _place(i: int) -> str:
 def _read_out(out: list[int]) -> str:
     """The written column digits (``out``, ones first) read back from the highest place, each
     named by its place, so the result line copies digits by their label instead of reversing
-    a row of columns in one go (v4 wrote ``So 752+1880=1633``)."""
-    return ", ".join(f"{_place(i)} {out[i]}" for i in reversed(range(len(out))))
+    a row of columns in one go (v4 wrote ``So 752+1880=1633``).
+
+    A difference's leading zeros are named as dropped, not read (v7): all 5 of v6's wrong
+    greedy chain_sum traces had read a leading 0 (``Read hundreds 0, tens 9, ones 2``), against
+    16 of its 45 right ones, and then either misread it (``Read hundreds 0, tens 2, ones 3. So
+    233``) or added from a hundreds digit the number no longer has (``92+81``: ``hundreds
+    1+0+1=2``)."""
+    top = len(out) - 1
+    while top > 0 and out[top] == 0:
+        top -= 1
+    read = ", ".join(f"{_place(i)} {out[i]}" for i in reversed(range(top + 1)))
+    dropped = ", ".join(f"{_place(i)} 0" for i in reversed(range(top + 1, len(out))))
+    return read + (f"; {dropped} dropped" if dropped else "")
 
 
 def _digits(n: int) -> list[int]:

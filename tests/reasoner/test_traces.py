@@ -79,7 +79,7 @@ def test_every_decision_is_written_where_it_is_made():
     assert arith.work(863, "-", 787).text == (
         "both have 3 digits, 8 and 7: 8>7: 863 is larger. ones 3 and 7: 3<7, borrow: 13-7=6; "
         "tens 6-1=5, 5 and 8: 5<8, borrow: 15-8=7; hundreds 8-1=7, 7 and 7: 7=7, 7-7=0. "
-        "Read hundreds 0, tens 7, ones 6. So 863-787=76")
+        "Read tens 7, ones 6; hundreds 0 dropped. So 863-787=76")
     assert arith.work(-3, "+", 98).value == 95 and "98 is larger" in arith.work(-3, "+", 98).text
     assert arith.work(37, "-", 36).text.startswith(
         "both have 2 digits, 3 and 3: 3=3, 7 and 6: 7>6: 37 is larger")
@@ -95,7 +95,10 @@ def test_results_and_rewrites_are_copied_by_name_not_assembled_silently():
     digits back by place and names the part of the expression a step replaces."""
     assert arith.work(752, "+", 1880).text.endswith(
         "thousands 0+1+1=2. Read thousands 2, hundreds 6, tens 3, ones 2. So 752+1880=2632")
-    assert arith.work(105, "-", 98).text.endswith("Read hundreds 0, tens 0, ones 7. So 105-98=7")
+    # v7: a difference's leading zeros are named as dropped, not read as digits
+    assert arith.work(105, "-", 98).text.endswith("Read ones 7; hundreds 0, tens 0 dropped. So 105-98=7")
+    assert arith.work(112, "-", 20).text.endswith("Read tens 9, ones 2; hundreds 0 dropped. So 112-20=92")
+    assert arith.work(100, "-", 100).text.endswith("Read ones 0; hundreds 0, tens 0 dropped. So 100-100=0")
     product = arith.work(94, "*", 28).text
     assert "hundreds 7; read hundreds 7, tens 5, ones 2, so 752; 94*2:" in product
     entry = {"question": "q", "answer": "95", "metadata": {"expression": "( ( 18 + -21 ) + 98 )"}}
