@@ -16,7 +16,11 @@ request's own ``custom_params`` dict, which lives as long as the request:
 calls, which a retraction would put one ahead. The model's own marker
 is detected in ``output_ids`` (possibly one step late, which only shifts the answer limit) as
 ``marker_ids`` (default ``end_ids``): the profile's single end token where the model has one, so
-that it is found whatever text the tokenizer merged next to it.
+that it is found whatever text the tokenizer merged next to it. Detection scans every token
+since the previous call, not just the last one: when a prefill batch runs between two decode
+steps, the overlap scheduler processes both steps' results before the next sampling, so a call
+sees two new tokens, and a marker in the first of them would otherwise go unseen (the model
+then answers with EOS masked: v6 ran on past its answer in 7 of 1,110 evaluated samples).
 Hard bound: at most ``budget`` tokens precede the first marker.
 """
 
@@ -192,6 +196,19 @@ def _tokens_before(req, counted: int) -> int:
     return kv.kv_committed_len - len(req.origin_input_ids)
 
 
+def _marker_end(out, marker: list[int], p: dict[str, Any]) -> int | None:
+    """The output position just after the first ``marker`` in ``out``, or None. Scans only what
+    earlier calls have not (``p["_scanned"]``), from a marker's length back: a call may see two
+    new tokens at once (see the module docstring), so the marker is not always the last one."""
+    n, start = len(marker), max(0, p.get("_scanned", 0) - len(marker) + 1)
+    tail = list(out[start:])
+    p["_scanned"] = start + len(tail)
+    for i in range(len(tail) - n + 1):
+        if tail[i:i + n] == marker:
+            return start + i + n
+    return None
+
+
 class BudgetForcingProcessor(_base()):
     """Custom params per request: ``budget``, ``end_ids``, ``max_answer``, optional
     ``marker_ids`` (what detection matches, default ``end_ids``), ``eos_ids`` and
@@ -224,9 +241,7 @@ class BudgetForcingProcessor(_base()):
         eos = p["_eos"]
         closed_at = p.get("_closed_at")
         if closed_at is None and req is not None:
-            out, marker = req.output_ids, p.get("marker_ids") or end
-            if len(out) >= len(marker) and list(out[len(out) - len(marker):]) == marker:
-                closed_at = p["_closed_at"] = len(out)
+            closed_at = p["_closed_at"] = _marker_end(req.output_ids, p.get("marker_ids") or end, p)
         if closed_at is None:
             j = t - p["budget"]
             if j >= 0:

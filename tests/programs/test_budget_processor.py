@@ -13,23 +13,25 @@ VOCAB, EOS = 50, 2
 END = [7, 8, 9]
 
 
-def drive(params, sampled, steps):
+def drive(params, sampled, steps, lag=lambda t: 0):
     """Run the processor as the scheduler would: one call per token; the model would sample
-    ``sampled(t)`` unless the processor forces a token (argmax of a masked row)."""
+    ``sampled(t)`` unless the processor forces a token (argmax of a masked row). ``lag(t)``:
+    how many of the tokens already sampled the call for token ``t`` does not see yet in
+    ``output_ids`` (the overlap scheduler processes a step's result after the next launch)."""
     req = SimpleNamespace(output_ids=[], eos_token_ids={EOS}, tokenizer=None,
                           sampling_params=SimpleNamespace(stop_token_ids=None))
     params = dict(params, __req__=req)
-    proc = BudgetForcingProcessor()
+    proc, out = BudgetForcingProcessor(), []
     for t in range(steps):
+        req.output_ids = out[:len(out) - min(lag(t), len(out))]
         logits = torch.zeros(1, VOCAB)
         logits[0, sampled(t)] = 5.0
         logits[0, EOS] = 4.0
-        out = proc(logits, [params])
-        token = int(out[0].argmax())
-        req.output_ids.append(token)
+        token = int(proc(logits, [params])[0].argmax())
+        out.append(token)
         if token == EOS:
             break
-    return req.output_ids
+    return out
 
 
 def test_forces_the_marker_at_the_budget_then_bounds_the_answer():
@@ -66,6 +68,24 @@ def test_a_single_token_marker_is_found_whatever_text_merged_before_it():
     out = drive({"budget": 50, "end_ids": END, "max_answer": 3},
                 lambda t: script[t] if t < len(script) else 45, 20)
     assert EOS not in out
+
+
+def test_a_marker_is_found_when_a_call_sees_two_new_tokens_at_once():
+    """Under the overlap scheduler a call sees the output one step late; when a prefill batch
+    runs between two decode steps, both steps' results land before the next call, which then
+    sees two new tokens: the marker may be the one before the last."""
+    marker = 8
+    script = [30, 31, 32, marker, 40, 41, 42, 43, 44]
+    lag = lambda t: 0 if t == 5 else 1  # the call for token 5 sees tokens 3 and 4 at once
+    out = drive({"budget": 50, "end_ids": END, "marker_ids": [marker], "max_answer": 3},
+                lambda t: script[t] if t < len(script) else 45, 20, lag)
+    assert out[:4] == [30, 31, 32, marker]
+    assert len(out) == 4 + 3 and out[-1] == EOS  # the answer limit counted from the marker
+    # the same with no lag, and with a steady lag: the answer is as long
+    for steady in (lambda t: 0, lambda t: 1):
+        again = drive({"budget": 50, "end_ids": END, "marker_ids": [marker], "max_answer": 3},
+                      lambda t: script[t] if t < len(script) else 45, 20, steady)
+        assert again == out
 
 
 @pytest.mark.parametrize("params, problem", [
