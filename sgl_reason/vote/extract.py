@@ -11,7 +11,9 @@
     2     last ``#### X`` (GSM8K)                      the rest of that line
     3     last "the answer is X" / "final answer: X"  X up to the end of its sentence or line,
           / "answer: X" (case-insensitive)            without markdown ``**``, ``$``, ``\\(...\\)``
-                                                      or a trailing period; "answer:" at a line's
+                                                      or a trailing period (a period after a
+                                                      digit that runs into a word ends it:
+                                                      "-89.assistant"); "answer:" at a line's
                                                       end reads the next line, "answer is"
                                                       does not; an empty phrase is skipped
     4     last number in the text                     that number as written ("1,234", "-3.5",
@@ -101,7 +103,9 @@ def _clean_phrase_tail(tail: str, next_line: bool) -> str:
             return ""
         tail = tail.lstrip()
     tail = tail.split("\n", 1)[0]
-    tail = re.split(r"\.(?:\s|$)", tail, maxsplit=1)[0]  # end of sentence, not "3.5"
+    # end of sentence, not "3.5"; a number's period that runs into a word ends it too
+    # ("-89.assistant": a model running on past its answer)
+    tail = re.split(r"\.(?:\s|$)|(?<=\d)\.(?=[^\W\d_])", tail, maxsplit=1)[0]
     tail = tail.strip()
     previous = None
     while tail != previous:

@@ -21,6 +21,8 @@ from sgl_reason.vote import extract_answer, extract_gsm8k_gold, normalize_answer
         ("**Answer**: Paris", "Paris"),
         ("final answer: 5 km.", "5 km"),
         ("The answer is 18. Because 9 + 9 = 18 as well.", "18"),
+        ("The answer is -89.assistant\nStart: 85 - 81", "-89"),  # ran on past its answer
+        ("The answer is 2.5.Done", "2.5"),
         (r"The answer is \(\frac{3}{4}\).", r"\frac{3}{4}"),
         ("Final answer:\n\n  7\n", "7"),
         ("I think the answer is 3. No wait, the answer is 5.", "5"),
