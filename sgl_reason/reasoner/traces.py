@@ -275,8 +275,10 @@ def _leg_trace(question: str, animals: dict[str, int], gold: str, rng: random.Ra
         again = running(None)
         lines.append(f"Wait, the check gives {partial}, not {total}. Again in columns, from "
                      f"the totals. " + added(again))
-        if slip_at is not None:
-            lines.append(f"So the total is {right}, not {total}: it matches the check.")
+        if slip_at is not None:  # compared again, number beside number (v6 wrote "it matches
+            # the check" of a redo that gave 208 against a check of 108: the words were copied)
+            lines.append(f"So the total is {right}, not {total}. The check gives {partial}, the "
+                         f"total is {right}: the same, right.")
         else:
             lines.append(f"So the total is {total}, the same as before: the check slipped.")
     if str(right) != gold.strip():
