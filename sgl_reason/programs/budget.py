@@ -30,6 +30,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from sgl_reason.tokens import find_new_tokens
+
 TIERS: dict[str, int] = {"low": 4096, "medium": 16384, "high": 65536}
 # The server's thinking-KV policies (runtime/thinking_kv.py POLICIES; a test keeps them equal)
 # and the custom_params key that sets one per request.
@@ -198,15 +200,10 @@ def _tokens_before(req, counted: int) -> int:
 
 def _marker_end(out, marker: list[int], p: dict[str, Any]) -> int | None:
     """The output position just after the first ``marker`` in ``out``, or None. Scans only what
-    earlier calls have not (``p["_scanned"]``), from a marker's length back: a call may see two
-    new tokens at once (see the module docstring), so the marker is not always the last one."""
-    n, start = len(marker), max(0, p.get("_scanned", 0) - len(marker) + 1)
-    tail = list(out[start:])
-    p["_scanned"] = start + len(tail)
-    for i in range(len(tail) - n + 1):
-        if tail[i:i + n] == marker:
-            return start + i + n
-    return None
+    earlier calls have not (``p["_scanned"]``): a call may see two new tokens at once (see the
+    module docstring), so the marker is not always the last one."""
+    at, p["_scanned"] = find_new_tokens(out, marker, p.get("_scanned", 0))
+    return None if at < 0 else at + len(marker)
 
 
 class BudgetForcingProcessor(_base()):

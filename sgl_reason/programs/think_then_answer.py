@@ -39,6 +39,7 @@ from sgl_reason.programs.common import (
     Messages, ProgramResult, Sample, finished, open_prompt, prompt_texts, resolve_backend,
     resolve_profile, sampling_kwargs, timed_cost,
 )
+from sgl_reason.tokens import find_tokens
 from sgl_reason.vote import extract_answer
 
 
@@ -60,7 +61,7 @@ class ThinkPlan:
                 "not have it. Pass the profile of the served model (profile=...)."
             )
         # where the marker token sits in the forced text ("\n" then "</think>": 1)
-        self.marker_offset = max(0, _find(self.end_ids, self.marker_ids))
+        self.marker_offset = max(0, find_tokens(self.end_ids, self.marker_ids))
         self.wait_len = len(backend.fixed_ids(profile.wait_text))
         single_ok = backend.supports_logit_processor and budget.min_thinking_tokens == 0
         if budget.mode == "single" and not single_ok:
@@ -221,7 +222,7 @@ def _single_request(s, plan: ThinkPlan) -> Sample:
                  + b.max_answer_tokens + 1, **plan.sampling)
     text, meta = finished(s, "completion")
     ids = meta.get(OUTPUT_IDS_KEY) or []
-    at = _find(ids, plan.marker_ids)  # the marker token, however the text around it merged
+    at = find_tokens(ids, plan.marker_ids)  # the marker token, however the text around it merged
     k = plan.marker_offset
     forced = at == b.thinking_tokens + k and ids[b.thinking_tokens:at] == plan.end_ids[:k]
     if at < 0:
@@ -285,14 +286,6 @@ def _cut(meta: dict) -> bool:
 def _answer(text: str, cut: bool) -> str | None:
     """The answer in a generated answer, read knowing whether its token limit cut it."""
     return extract_answer(text, cut=cut) if text.strip() else None
-
-
-def _find(ids: list[int], sub: list[int]) -> int:
-    n = len(sub)
-    for i in range(len(ids) - n + 1):
-        if ids[i:i + n] == sub:
-            return i
-    return -1
 
 
 def _split(text: str, marker: str) -> tuple[str, str]:

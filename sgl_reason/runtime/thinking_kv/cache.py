@@ -39,6 +39,7 @@ from sgl_reason.runtime.thinking_kv.launch import check_window, release_supporte
 from sgl_reason.runtime.thinking_kv.metrics import Metrics
 from sgl_reason.runtime.thinking_kv.policy import Policy, ReqState, columns_to_free, state
 from sgl_reason.runtime.thinking_kv.scoring import ScoreBook
+from sgl_reason.tokens import find_new_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -199,14 +200,8 @@ def cache_class():
             return released
 
         def _find_marker(self, out, st: ReqState) -> int | None:
-            ids, n = self.marker_ids, len(self.marker_ids)
-            start = max(0, st.scanned - n + 1)
-            tail = list(out[start:])
-            st.scanned = len(out)
-            for i in range(len(tail) - n + 1):
-                if tail[i:i + n] == ids:
-                    return start + i
-            return None
+            at, st.scanned = find_new_tokens(out, self.marker_ids, st.scanned)
+            return None if at < 0 else at
 
         def _scores(self, req, st: ReqState):
             if not st.policy.scored or st.book is None:
