@@ -239,12 +239,14 @@ def sub(a: int, b: int, slip: Slip | None = None) -> Worked:
     return _wrap(_difference(a, b, slip), slip)
 
 
-def mul_columns(a: int, b: int, slip: Slip | None = None) -> Worked:
-    """``a * b`` for ``a, b >= 0``: ``a`` times each digit of ``b``, then the partials added."""
+def mul_columns(a: int, b: int, slip: Slip | None = None, second_on_top: bool = False) -> Worked:
+    """``a * b`` for ``a, b >= 0``: ``a`` times each digit of ``b``, then the partials added.
+    ``second_on_top``: ``b`` times each digit of ``a`` where both have two digits or more (v8:
+    the other half of a trace's two ways to work a product, named in its plan)."""
     if (a < 10 and b < 10) or min(a, b) <= 1:
         text, value = _fact(f"{a}*{b}", a * b, slip)
         return Worked(value, text)
-    if a < 10 <= b:  # the longer number on top
+    if a < 10 <= b or (second_on_top and b >= 10):  # a one-digit number never goes on top
         a, b = b, a
     lines, partials = [], []
     for place, d in enumerate(_digits(b)):
@@ -278,9 +280,9 @@ def mul_columns(a: int, b: int, slip: Slip | None = None) -> Worked:
     return Worked(value, "; ".join(lines) + f"; so {a}*{b}={value}")
 
 
-def mul(a: int, b: int, slip: Slip | None = None) -> Worked:
+def mul(a: int, b: int, slip: Slip | None = None, second_on_top: bool = False) -> Worked:
     """Signed ``a * b``: the sign first, then columns."""
-    w = mul_columns(abs(a), abs(b), slip)
+    w = mul_columns(abs(a), abs(b), slip, second_on_top)
     if a < 0 or b < 0:
         negative = (a < 0) != (b < 0)
         value = -w.value if negative else w.value
@@ -293,7 +295,9 @@ OPS = {"+": add, "-": sub, "*": mul}
 APPLY = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 
 
-def work(a: int, op: str, b: int, slip: Slip | None = None) -> Worked:
+def work(a: int, op: str, b: int, slip: Slip | None = None, second_on_top: bool = False) -> Worked:
+    if op == "*":
+        return mul(a, b, slip, second_on_top)
     return OPS[op](a, b, slip)
 
 

@@ -3,7 +3,11 @@
 A trace is shaped like a real reasoning model's (R1, Qwen3)::
 
     <think>
-    Plan: ...                                   one sentence
+    Plan: ...                                   one sentence, naming which of the problem's
+                                                ways the trace takes (v8: a chain's term
+                                                order, a product's number on top)
+    Terms: + 74, - 47, ...; from the last: ...  v8: a chain in another order, derived term by
+                                                term
     Step 1: -59 + 21. 21 is less than 59: ...   one operation a step, digit facts per column
     Now: in -59 + 21 + 40 + -96, -59 + 21 is    the expression rewritten after each step, the
     -38: -38 + 40 + -96                         part it replaces named (v5)
@@ -116,14 +120,15 @@ def _next_op(toks: list[str]) -> int:
     return next((i for i in ops if toks[i] == "*"), ops[0])
 
 
-def _evaluate(expression: str, slip_at: int | None, rng: random.Random) -> list[_Step]:
+def _evaluate(expression: str, slip_at: int | None, rng: random.Random,
+              second_on_top: bool = False) -> list[_Step]:
     toks = _drop_single_parens(_tokens(expression))
     steps: list[_Step] = []
     while len(toks) > 1:
         i = _next_op(toks)
         a, op, b = int(toks[i - 1]), toks[i], int(toks[i + 1])
         slip = Slip(rng) if slip_at == len(steps) else None
-        w = work(a, op, b, slip)
+        w = work(a, op, b, slip, second_on_top)
         lo, hi = i - 1, i + 2  # the brackets that enclose only this operation go with it
         while lo > 0 and hi < len(toks) and toks[lo - 1] == "(" and toks[hi] == ")":
             lo, hi = lo - 1, hi + 1
@@ -134,6 +139,40 @@ def _evaluate(expression: str, slip_at: int | None, rng: random.Random) -> list[
 
 
 _INVERSE = {"+": "-", "-": "+"}
+
+# v8: a trace works its problem in one of several ways, named in its plan, so that samples of
+# one problem take different paths and a systematic error of one path is outvoted by the others
+# (v6 and v7 made the same wrong step in every sample: 17 of v6's 25 self-consistency misses had
+# no right sample). A flat chain of + and - sums its terms in one of three orders; any other
+# expression works each product with its first or its second number on top.
+ORDERS = {
+    "left": "left to right",
+    "last": "from the last term to the first",
+    "added": "the added terms first, then the subtracted ones",
+}
+_ORDER_NAMES = {"last": "from the last", "added": "added first"}
+
+
+def _terms(toks: list[str]) -> list[tuple[str, str]]:
+    """A flat chain (no brackets, no ``*``) as (sign, number) pairs; the first term is added."""
+    return [("+", toks[0])] + [(toks[i], toks[i + 1]) for i in range(1, len(toks), 2)]
+
+
+def _reorder(toks: list[str], order: str) -> tuple[list[str], str]:
+    """The chain in ``order`` and the line that derives it from the written terms."""
+    terms = _terms(toks)
+    if order == "last":
+        moved = terms[::-1]
+    else:
+        moved = [t for t in terms if t[0] == "+"] + [t for t in terms if t[0] == "-"]
+    (sign, first), rest = moved[0], moved[1:]
+    chain = [first if sign == "+" else str(-int(first))] + [t for pair in rest for t in pair]
+
+    def listed(ts):
+        return ", ".join(f"{sg} {n}" for sg, n in ts)
+
+    return chain, (f"Terms: {listed(terms)}; {_ORDER_NAMES[order]}: {listed(moved)}: "
+                   f"{' '.join(chain)}")
 
 
 def _check_line(step: _Step, slip: Slip | None = None) -> str:
@@ -165,18 +204,28 @@ def _slips(rng: random.Random) -> tuple[bool, bool]:
 
 def _expression_trace(family: str, question: str, expression: str, gold: str,
                       rng: random.Random) -> Trace:
-    n_ops = len(_evaluate(expression, None, rng))
+    toks = _drop_single_parens(_tokens(expression))
+    lines, on_top = [], False
+    if "(" not in toks and "*" not in toks and len(toks) > 3:  # a flat chain of 3+ terms
+        order = rng.choice(list(ORDERS))
+        lines += [f"Plan: {ORDERS[order]}, one operation a step, then check each step backwards.",
+                  f"Start: {' '.join(toks)}"]
+        if order != "left":
+            toks, line = _reorder(toks, order)
+            lines.append(line)
+    else:
+        on_top = rng.random() < 0.5
+        lines += [f"Plan: inner brackets first, * before + and -, one operation a step, a "
+                  f"product's {'second' if on_top else 'first'} number on top, then check each "
+                  "step backwards.", f"Start: {' '.join(toks)}"]
+    expression = " ".join(toks)
+    n_ops = len(_evaluate(expression, None, rng, on_top))
     slip, check_slip = _slips(rng)
     slip_at = rng.randrange(max(1, (n_ops + 1) // 2)) if n_ops and slip else None
-    steps = _evaluate(expression, slip_at, rng)
+    steps = _evaluate(expression, slip_at, rng, on_top)
     if slip_at is not None and steps[slip_at].worked.slipped is None:
         slip_at = None  # no digit fact could slip plausibly (e.g. 0+0)
     check_at = rng.randrange(len(steps)) if check_slip and steps else None
-    if family == "chain_sum":
-        plan = "Plan: left to right, one operation a step, then check each step backwards."
-    else:
-        plan = "Plan: inner brackets first, * before + and -, one operation a step, then check each step backwards."
-    lines = [plan, f"Start: {' '.join(_drop_single_parens(_tokens(expression)))}"]
     for k, s in enumerate(steps, 1):
         lines.append(f"Step {k}: {s.a} {s.op} {s.b}. {s.worked.text}.")
         if k < len(steps):
@@ -187,7 +236,7 @@ def _expression_trace(family: str, question: str, expression: str, gold: str,
     final_steps = steps
     if slip_at is not None:
         # a failed check is settled by redoing the step in columns, never by trusting the check
-        fixed = _evaluate(expression, None, rng)
+        fixed = _evaluate(expression, None, rng, on_top)
         s, f = steps[slip_at], fixed[slip_at]
         lines.append(f"Wait, step {slip_at + 1} fails its check. {_again(slip_at + 1, f)} "
                      f"So {show(f.a, f.op, f.b, f.worked.value)}, not {s.worked.value}.")
