@@ -10,7 +10,9 @@ problem, finds the first place in its thinking where something written is false:
   rewritten wrongly), or by its operator;
 - v5's *rewrite* (``Now: in X, Y is v: Z`` where Z is not X with Y replaced by v) and *read-out*
   (``Read hundreds 7, tens 5, ones 2. So 94*8=752`` where the digits read are not the number
-  after it, or not the digits its columns wrote).
+  after it, or not the digits its columns wrote);
+- v8's *reorder* (``Terms: ...: 83 - 47 + 50 + 74``, a chain whose signed terms are not the
+  ``Start:`` chain's).
 
     .venv/bin/python experiments/first_wrong_step.py results/reasoner-v4/reasoner_greedy.jsonl
 
@@ -53,6 +55,19 @@ def _rewrite_errors(thinking: str) -> list[int]:
     return out
 
 
+TERMS = re.compile(r"^Start: (.+)\nTerms: .+: (.+)$", re.M)  # v8: a chain in another order
+
+
+def _reorder_errors(thinking: str) -> list[int]:
+    """v8's reordered chains whose terms are not the started chain's, in any order."""
+    from sgl_reason.reasoner.traces import _terms
+
+    def signed(chain: str) -> list[int]:
+        return sorted(int(n) * (1 if sign == "+" else -1) for sign, n in _terms(chain.split()))
+
+    return [m.start(2) for m in TERMS.finditer(thinking) if signed(m[1]) != signed(m[2])]
+
+
 def _read_errors(thinking: str) -> list[int]:
     """Read-outs whose digits are not the number they give, or not their columns' digits."""
     out, start = [], 0
@@ -75,7 +90,8 @@ def first_error(thinking: str) -> str:
     signs = [m.start() for m in SIGN.finditer(thinking)
              if not ORDER[m[2]](int(m[1]), int(m[3]))]
     others = sorted([(at, "rewrite") for at in _rewrite_errors(thinking)]
-                    + [(at, "read-out") for at in _read_errors(thinking)])
+                    + [(at, "read-out") for at in _read_errors(thinking)]
+                    + [(at, "reorder") for at in _reorder_errors(thinking)])
     facts = []
     for m in FACT.finditer(thinking):
         a, op, b, carry, result = m.groups()
