@@ -62,7 +62,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from sgl_reason import model
-    from sgl_reason.reasoner.train import TrainConfig, reuse_freed_memory, train
+    from sgl_reason.reasoner.train import TrainConfig, train
 
     defaults = TrainConfig()
     counts = _counts(args.counts) if args.counts else defaults.counts
@@ -72,8 +72,6 @@ def _cmd_train(args: argparse.Namespace) -> int:
         lr=args.lr or defaults.lr, decision_weight=args.decision_weight,
         max_len=args.max_len or defaults.max_len,
     )
-    if config.device == "cpu":
-        reuse_freed_memory()  # this process only trains: keep its freed gigabytes for reuse
     stats = train(model.prepare(), Path(args.out), config)
     print(f"trained {stats['steps']} steps, {stats['tokens_trained']:,} tokens in "
           f"{stats['train_seconds']:.0f} s ({stats['tokens_per_second']} tokens/s); "

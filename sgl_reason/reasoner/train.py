@@ -212,8 +212,7 @@ def load_adapter(model, folder: Path) -> None:
 
 def reuse_freed_memory() -> bool:
     """Keep freed memory in the process instead of handing it back to the kernel (glibc; a
-    no-op returning False elsewhere). It holds for the rest of the process, so the
-    ``train-reasoner`` command calls it before training on CPU and ``train`` itself does not.
+    no-op returning False elsewhere). Called before training on CPU.
 
     A training step frees and reallocates gigabytes in sizes that change with the batch (the
     logits alone are batch tokens x vocabulary). glibc serves blocks that large with fresh
@@ -244,6 +243,8 @@ def train(base: Path, out: Path, config: TrainConfig, *, progress: bool = True,
     import torch
     from tqdm import tqdm
 
+    if config.device == "cpu":
+        reuse_freed_memory()
     torch.manual_seed(config.seed)
     out.mkdir(parents=True, exist_ok=True)
     (out / "train_config.json").write_text(config.model_dump_json(indent=2))
