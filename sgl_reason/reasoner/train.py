@@ -210,30 +210,6 @@ def load_adapter(model, folder: Path) -> None:
                          f"unexpected {result.unexpected_keys[:3]}")
 
 
-def reuse_freed_memory() -> bool:
-    """Keep freed memory in the process instead of handing it back to the kernel (glibc; a
-    no-op returning False elsewhere). Called before training on CPU.
-
-    A training step frees and reallocates gigabytes in sizes that change with the batch (the
-    logits alone are batch tokens x vocabulary). glibc serves blocks that large with fresh
-    ``mmap``s and unmaps them when freed, so every step pays the kernel to fault in and zero
-    each page again. Measured in session 29 on v8's run (the same seed, so the same batches):
-    system time was 85% of the trainer's CPU time at 77,000 page faults a second, and the first
-    22 steps took 8:11; with ``mmap`` off and the heap not trimmed (set through glibc's
-    ``MALLOC_*`` variables there), the same 22 steps took 4:46, at a resident size of 20.8 GB
-    (v7's run peaked near 19 GB). ``mallopt`` takes an int, so the trim threshold here is 2 GiB
-    rather than unbounded."""
-    import ctypes
-
-    try:
-        mallopt = ctypes.CDLL("libc.so.6").mallopt
-    except (OSError, AttributeError):
-        return False
-    m_trim_threshold, m_top_pad, m_mmap_max = -1, -2, -4
-    return all(mallopt(option, value) == 1 for option, value in (
-        (m_mmap_max, 0), (m_trim_threshold, 2**31 - 1), (m_top_pad, 256 << 20)))
-
-
 def train(base: Path, out: Path, config: TrainConfig, *, progress: bool = True,
           max_steps: int | None = None) -> dict | None:
     """Train (or resume) and write the adapter, loss curve and stats to ``out``.
@@ -243,8 +219,6 @@ def train(base: Path, out: Path, config: TrainConfig, *, progress: bool = True,
     import torch
     from tqdm import tqdm
 
-    if config.device == "cpu":
-        reuse_freed_memory()
     torch.manual_seed(config.seed)
     out.mkdir(parents=True, exist_ok=True)
     (out / "train_config.json").write_text(config.model_dump_json(indent=2))

@@ -233,32 +233,3 @@ def test_a_problem_is_worked_in_several_ways_named_in_the_plan():
     plans = {trace_for("basic_arithmetic", entry, random.Random(s)).thinking.splitlines()[0]
              for s in range(20)}
     assert {p.split("product's ")[1].split(" number")[0] for p in plans} == {"first", "second"}
-
-
-_ROUNDS = """
-import resource, sys, torch
-from sgl_reason.reasoner.train import reuse_freed_memory
-if sys.argv[1] == "reuse":
-    assert reuse_freed_memory()
-x = torch.empty(64 * 2**20).fill_(1.0); del x  # 256 MiB, as a step's logits come and go
-f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for _ in range(4):
-    x = torch.empty(64 * 2**20).fill_(1.0); del x
-print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
-"""
-
-
-@pytest.mark.skipif(__import__("platform").libc_ver()[0] != "glibc", reason="glibc's mallopt")
-def test_cpu_training_reuses_freed_memory_instead_of_faulting_it_in_again():
-    """Counted in page faults: by default each round of a 256 MiB tensor faults in all 65,536
-    of its pages again; with the trainer's setting the freed block is reused."""
-    import subprocess
-    import sys
-
-    def faults(mode):
-        run = subprocess.run([sys.executable, "-c", _ROUNDS, mode], capture_output=True,
-                             text=True, check=True)
-        return int(run.stdout)
-
-    assert faults("default") > 4 * 65_536 * 0.9
-    assert faults("reuse") < 65_536 * 0.1
