@@ -5,8 +5,9 @@
 
 A vote gains on a problem whose right answer has a majority of samples and loses on one where
 a wrong answer has it, so what a vote can gain is decided by the shape of the per-problem count
-of right samples. v6's shape was two spikes, all right or none (17 of its vote's 25 misses had
-no right sample): every sample took the one path its traces knew and made the same wrong step.
+of right samples. v6's shape was two spikes, all right or none: every sample took the one
+path its traces knew, 17 of its vote's 25 misses had no right sample, and on 14 problems one
+wrong answer had a majority of the samples.
 v8's traces name one of several ways in the plan line; this script reads, per family:
 
 - right samples per problem: how many problems had k of N samples right, k = 0..N;
@@ -81,8 +82,9 @@ def main(sc_path: str, data_path: str) -> dict:
                           "paths fail apart": f["paths fail apart"], "paths": paths}
         print(f"{family}: right samples per problem (0..{n}) {result[family]['right samples']}; "
               f"no right sample {f['no right sample']}; a wrong majority {f['systematic misses']} "
-              f"({f['systematic, one path']} on one path); {f['problems, 2+ paths']} problems took 2+ paths, on "
-              f"{f['paths fail apart']} one path was always right and another always wrong")
+              f"({f['systematic, one path']} on one path); {f['problems, 2+ paths']} problems "
+              f"took 2+ paths, on {f['paths fail apart']} one path was always right and "
+              "another always wrong")
         for p, v in sorted(paths.items(), key=lambda kv: -kv[1]["share"]):
             print(f"  {v['share']:.3f} of samples, accuracy {v['accuracy']:.3f}: {p[:100]}")
     print(json.dumps(result))
