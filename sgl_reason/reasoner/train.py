@@ -156,16 +156,35 @@ def _collate(examples, idx, pad_id: int):
     return ids, labels, weights, mask
 
 
-def _losses(logits, labels, weights):
-    """(weighted loss to train on, plain mean cross-entropy to report), over next tokens."""
-    import torch.nn.functional as F
+def _step_losses(model, ids, mask, labels, weights, autocast, chunk: int = 1024):
+    """(weighted loss to train on, plain mean cross-entropy to report), over next tokens.
 
-    logits, labels, weights = logits[:, :-1].float(), labels[:, 1:], weights[:, 1:]
-    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1),
-                         ignore_index=-100, reduction="none").view_as(labels)
-    trained = labels != -100
-    weights = weights * trained
-    return (ce * weights).sum() / weights.sum(), ce[trained].mean()
+    The output head and the cross-entropy run only on the positions whose next token is
+    trained, ``chunk`` rows at a time, and each chunk's logits are recomputed in the backward
+    pass instead of kept: the whole batch's logits (tokens x 49k vocabulary, an fp32 copy and
+    the gradients of both) are never held at once. Same loss and gradients
+    (``test_the_chunked_loss_matches_the_loss_over_full_logits``); what it saves is measured by
+    ``experiments/train_step_memory.py``."""
+    import torch
+    from torch.utils.checkpoint import checkpoint
+
+    inner = model.get_base_model()  # LoRA and the marker rows are patched into its modules
+    with autocast:
+        hidden = inner.model(input_ids=ids, attention_mask=mask).last_hidden_state
+    targets, weights = labels[:, 1:], weights[:, 1:]
+    trained = targets != -100
+    rows, targets, weights = hidden[:, :-1][trained], targets[trained], weights[trained]
+    head = inner.get_output_embeddings()
+
+    def chunk_ce(h, y):
+        with autocast:
+            logits = head(h)
+        return torch.nn.functional.cross_entropy(logits.float(), y, reduction="none")
+
+    ce = torch.cat([checkpoint(chunk_ce, rows[s:s + chunk], targets[s:s + chunk],
+                               use_reentrant=False)
+                    for s in range(0, len(rows), chunk)])
+    return (ce * weights).sum() / weights.sum(), ce.mean()
 
 
 def build_model(base: Path, config: TrainConfig):
@@ -265,9 +284,7 @@ def train(base: Path, out: Path, config: TrainConfig, *, progress: bool = True,
         start = time.perf_counter()
         ids, labels, weights, mask = (t.to(config.device) for t in
                                       _collate(examples, batches[step], tokenizer.pad_token_id or 0))
-        with autocast:
-            logits = model(input_ids=ids, attention_mask=mask).logits
-        weighted, loss = _losses(logits, labels, weights)
+        weighted, loss = _step_losses(model, ids, mask, labels, weights, autocast)
         weighted.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()

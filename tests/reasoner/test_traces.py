@@ -183,6 +183,57 @@ def test_training_resumes_from_its_checkpoint_and_ships_a_small_adapter(tmp_path
     assert (tmp_path / "loss.png").stat().st_size > 0
 
 
+@pytest.mark.slow
+def test_the_chunked_loss_matches_the_loss_over_full_logits():
+    """A step computes the head only on trained positions, in chunks recomputed in backward
+    (the batch's full logits were its largest blocks): same loss, same gradients, the marker
+    rows included, as the model's own logits give. The model runs in float64 (the cross-entropy
+    in fp32, as in training): in bf16, a matmul over a different number of rows rounds
+    differently, and the LoRA gradients at their zero start cancel enough to show it."""
+    import contextlib
+
+    import torch
+    import torch.nn.functional as F
+
+    from sgl_reason import model
+    from sgl_reason.reasoner.train import TrainConfig, _collate, _step_losses, build_model, encode
+
+    base = model.default_model_path()
+    if not model.is_prepared(base):
+        pytest.skip("run `sgl-reason model prepare` first")
+    config = TrainConfig(counts={"chain_sum": 2, "leg_counting": 1}, rank=4, alpha=8)
+    tokenizer, peft_model, _ = build_model(base, config)
+    peft_model.double()
+    examples = [encode(tokenizer, t, 3.0) for t in make_traces(config.counts, 7_700_000)]
+    ids, labels, weights, mask = (t[:, :192] for t in  # float64 logits: keep them small
+                                  _collate(examples, [0, 1, 2], tokenizer.pad_token_id))
+    autocast = contextlib.nullcontext()
+    params = {n: p for n, p in peft_model.named_parameters() if p.requires_grad}
+
+    def grads(weighted):
+        weighted.backward()
+        out = {n: p.grad.clone() for n, p in params.items()}
+        peft_model.zero_grad(set_to_none=True)
+        return out
+
+    with autocast:
+        logits = peft_model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
+    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1),
+                         reduction="none").view_as(logits[..., 0])
+    trained = labels[:, 1:] != -100
+    w = weights[:, 1:] * trained
+    full_weighted, full_plain = (ce * w).sum() / w.sum(), ce[trained].mean()
+    full = grads(full_weighted)
+    weighted, plain = _step_losses(peft_model, ids, mask, labels, weights, autocast, chunk=100)
+    assert int(trained.sum()) % 100 and int(trained.sum()) > 200  # chunks, the last partial
+    assert weighted.item() == pytest.approx(full_weighted.item(), rel=1e-6)
+    assert plain.item() == pytest.approx(full_plain.item(), rel=1e-6)
+    chunked = grads(weighted)
+    assert any("trainable_tokens" in n for n in chunked)
+    for n, g in chunked.items():
+        assert (g - full[n]).norm() <= 1e-5 * full[n].norm() + 1e-15, n
+
+
 def test_a_batch_of_long_traces_holds_fewer_of_them():
     """8 traces of 1,280 tokens ran the 24 GiB machine out of memory (eager attention keeps
     every layer's scores): a batch is capped in tokens, padding included, and batches of short
