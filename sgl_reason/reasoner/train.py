@@ -54,8 +54,9 @@ class TrainConfig(BaseModel):
     batch_size: int = Field(8, ge=1)
     max_len: int = Field(768, ge=64)  # longer traces are left out (counted in the stats)
     # a batch holds at most this many tokens, padding included (fewer traces when they are
-    # long): eager attention keeps every layer's scores for the backward pass, and 8 traces of
-    # 1,280 tokens needed more than the machine's 24 GiB. 8 x 768 ran in the v2-v4 runs.
+    # long): 8 traces of 1,280 tokens needed more than the machine's 24 GiB (the 30 layers'
+    # activations kept for backward; attention is SDPA and keeps no score matrix). 8 x 768
+    # ran in the v2-v4 runs.
     max_batch_tokens: int = Field(8 * 768, ge=64)
     checkpoint_every: int = Field(50, ge=1)
     device: str = "cpu"

@@ -235,9 +235,9 @@ def test_the_chunked_loss_matches_the_loss_over_full_logits():
 
 
 def test_a_batch_of_long_traces_holds_fewer_of_them():
-    """8 traces of 1,280 tokens ran the 24 GiB machine out of memory (eager attention keeps
-    every layer's scores): a batch is capped in tokens, padding included, and batches of short
-    traces are the ones the v2-v4 runs trained on."""
+    """8 traces of 1,280 tokens ran the 24 GiB machine out of memory (every layer's
+    activations are kept for backward): a batch is capped in tokens, padding included, and
+    batches of short traces are the ones the v2-v4 runs trained on."""
     from sgl_reason.reasoner.train import _batches
 
     examples = [([0] * n,) for n in [120] * 50 + [700] * 20 + [1280] * 13]
