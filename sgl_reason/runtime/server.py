@@ -12,6 +12,7 @@ import collections
 import ipaddress
 import logging
 import os
+import random
 import re
 import signal
 import socket
@@ -57,6 +58,9 @@ class ServerStartError(RuntimeError):
 
 
 _ARGPARSE_ERROR = re.compile(r"^\S[^:]*: error: (.+)$")
+# uvicorn's line when the HTTP port was taken after the engine started; the process then waits
+# for its shutdown instead of exiting, so the line is the only sign
+_BIND_ERROR = re.compile(r"error while attempting to bind on address .*")
 _EXCEPTION = re.compile(r"^(?:[\w.]+\.)?\w*(?:Error|Exception|Exit)\b:? ?(.*)$")
 
 
@@ -83,10 +87,41 @@ def cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+# SGLang puts internal listeners up to 1,000 ports above the HTTP port (its distributed init)
+_INTERNAL_SPAN = 1000
+
+
+def _ephemeral_low(default: int = 32768) -> int:
+    """The lowest port the kernel hands to outgoing connections."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return default
+
+
 def free_port(host: str = DEFAULT_HOST) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    """A port free now and below the kernel's ephemeral range.
+
+    Not ``bind(host, 0)``: that returns an ephemeral port, which any outgoing connection made
+    before the server binds it (20 s later; the tests' own requests, the server's internal
+    connections) may take as its local port, and the server then fails to bind."""
+    top = _ephemeral_low() - _INTERNAL_SPAN
+    if top > 10000:
+        for port in random.sample(range(10000, top), 64):
+            if _bindable(host, port):
+                return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # an odd port range
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 def check_port_free(host: str, port: int) -> None:
@@ -211,6 +246,7 @@ class ServerProcess:
     ):
         self.model = resolve_model(model)
         self.host = host
+        self.picked_port = port is None  # ours to replace if it is taken before the bind
         if port is None:
             port = free_port(host)
         else:
@@ -237,7 +273,25 @@ class ServerProcess:
     def command(self) -> list[str]:
         return [sys.executable, "-m", self.module, *self.args]
 
-    def start(self, timeout: float = 180.0) -> "ServerProcess":
+    def start(self, timeout: float = 180.0, attempts: int = 3) -> "ServerProcess":
+        """Start the group and wait for ``/health``. A port this object picked that another
+        process binds first is replaced and the start retried (``attempts`` in all)."""
+        tries = 1
+        while True:
+            try:
+                return self._start_once(timeout)
+            except ServerStartError as error:
+                taken = error.reason is not None and _BIND_ERROR.search(error.reason)
+                if not (taken and self.picked_port and tries < attempts):
+                    raise
+            logger.warning("port %d was taken before the server bound it; retrying on another",
+                           self.port)
+            self.port = free_port(self.host)
+            self.args[self.args.index("--port") + 1] = str(self.port)
+            tries += 1
+
+    def _start_once(self, timeout: float) -> "ServerProcess":
+        self.log_tail.clear()
         env = dict(os.environ)
         env.setdefault("HF_HUB_OFFLINE", "1")
         env.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -275,6 +329,13 @@ class ServerProcess:
     def _wait_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            bind_error = next((m.group(0) for m in map(_BIND_ERROR.search, list(self.log_tail))
+                               if m), None)
+            if bind_error is not None:
+                raise ServerStartError(
+                    f"The SGLang server could not bind {self.host}:{self.port}: another process "
+                    "took the port while the server started. Pass another --port, or leave "
+                    f"--port out to pick a free one.\nLog: {bind_error}", bind_error)
             if self.proc.poll() is not None:
                 self._reader.join(timeout=5)
                 reason = failure_reason(list(self.log_tail))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -73,6 +74,27 @@ def test_runtime_cleanup_and_pool_limit():
     assert rt.server.group_pids() == []
     assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in pids)
     assert set(shm.iterdir()) - before == set()
+
+
+def test_a_picked_port_taken_during_start_up_is_replaced(caplog):
+    """Another process binds the port the runtime picked before the server does: the start
+    sees uvicorn's bind error (the server would hang, not exit), retries on another port, and
+    leaves nothing of the failed try behind."""
+    from sgl_reason.runtime.server import ServerProcess
+
+    proc = ServerProcess(extra_args=["--max-total-tokens", "512"])
+    taken = proc.port
+    with socket.socket() as other:
+        other.bind((proc.host, taken))
+        other.listen()
+        try:
+            proc.start()
+            assert proc.port != taken
+            assert requests.get(proc.url + "/health", timeout=10).status_code == 200
+            assert f"port {taken} was taken" in caplog.text
+        finally:
+            proc.stop()
+    assert proc.group_pids() == []
 
 
 def test_a_bad_flag_fails_with_the_one_line_that_names_it():

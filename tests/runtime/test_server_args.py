@@ -45,6 +45,15 @@ def test_port_in_use(runtime_model_path):
             ServerProcess(model=runtime_model_path, port=port)
 
 
+def test_a_picked_port_is_one_no_outgoing_connection_can_take():
+    """Ports from bind(host, 0) are ephemeral: a client connection made while the server starts
+    may take one as its local port (a CI run lost a server start that way)."""
+    low = server._ephemeral_low()
+    ports = {server.free_port() for _ in range(20)}
+    assert all(1024 <= p < low - server._INTERNAL_SPAN for p in ports), (ports, low)
+    assert len(ports) > 1  # picked at random: two runtimes starting together do not collide
+
+
 @pytest.fixture
 def runtime_model_path(tmp_path):
     (tmp_path / "config.json").write_text("{}")
