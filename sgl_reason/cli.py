@@ -64,14 +64,23 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from sgl_reason import model
     from sgl_reason.reasoner.train import TrainConfig, train
 
+    from pydantic import ValidationError
+
     defaults = TrainConfig()
     counts = _counts(args.counts) if args.counts else defaults.counts
-    config = TrainConfig(
-        counts={f: max(1, round(n * args.scale)) for f, n in counts.items()},
-        seed=args.seed, device=args.device, init_adapter=args.init_adapter,
-        lr=args.lr or defaults.lr, decision_weight=args.decision_weight,
-        max_len=args.max_len or defaults.max_len,
-    )
+    try:
+        config = TrainConfig(
+            counts={f: max(1, round(n * args.scale)) for f, n in counts.items()},
+            seed=args.seed, device=args.device, init_adapter=args.init_adapter,
+            lr=args.lr or defaults.lr, decision_weight=args.decision_weight,
+            max_len=args.max_len or defaults.max_len,
+        )
+    except ValidationError as error:
+        for e in error.errors():
+            where = ".".join(map(str, e["loc"]))
+            msg = e["msg"].removeprefix("Value error, ")
+            print(f"sgl-reason: error: {where + ': ' if where else ''}{msg}", file=sys.stderr)
+        return 2
     stats = train(model.prepare(), Path(args.out), config)
     print(f"trained {stats['steps']} steps, {stats['tokens_trained']:,} tokens in "
           f"{stats['train_seconds']:.0f} s ({stats['tokens_per_second']} tokens/s); "

@@ -51,6 +51,15 @@ def test_bad_training_counts_name_the_families():
         main(["model", "train-reasoner", "--counts", "chain_sum=10,leg_counting=many"])
 
 
+def test_a_training_seed_that_reaches_the_held_out_seeds_is_refused(tmp_path, capsys):
+    """Checked before any model is loaded, with the fix named."""
+    assert main(["model", "train-reasoner", "--out", str(tmp_path / "run"), "--seed", "4900000",
+                 "--counts", "chain_sum=10,gsm_symbolic=10"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sgl-reason: error: gsm_symbolic's training seeds 5,000,000..5,000,009")
+    assert "pass a --seed" in err and not (tmp_path / "run").exists()
+
+
 def test_bad_thinking_tier(capsys):
     with pytest.raises(SystemExit):
         main(["eval", "--program", "think_then_answer", "--data", "x", "--max-thinking-tokens", "lots"])

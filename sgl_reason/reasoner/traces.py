@@ -398,13 +398,34 @@ def dataset(family: str, size: int, seed: int):
     return reasoning_gym.create_dataset(family, size=size, seed=seed, **FAMILIES[family])
 
 
+FAMILY_SEED_STRIDE = 100_000  # the seed blocks of a run's families lie this far apart
+
+
+def family_seeds(counts: dict[str, int], seed: int) -> dict[str, int]:
+    """The first seed of each family's block (families in name order, one block each, so they
+    never share seeds). reasoning-gym seeds item i with ``start + i``, so a block that reaches
+    the held-out seeds would draw held-out questions, which training leaves out: refused."""
+    starts = {f: seed + i * FAMILY_SEED_STRIDE for i, f in enumerate(sorted(counts))}
+    for family, start in starts.items():
+        end = start + counts[family]
+        if start < HELD_OUT_SEED + HELD_OUT_SIZE and HELD_OUT_SEED < end:
+            raise ValueError(
+                f"{family}'s training seeds {start:,}..{end - 1:,} reach the held-out seeds "
+                f"{HELD_OUT_SEED:,}..{HELD_OUT_SEED + HELD_OUT_SIZE - 1:,}: its held-out "
+                "questions would be left out and fewer trained. Families take seed blocks "
+                f"{FAMILY_SEED_STRIDE:,} apart in name order; pass a --seed whose "
+                f"{len(starts)} blocks end below {HELD_OUT_SEED:,} or start above "
+                f"{HELD_OUT_SEED + HELD_OUT_SIZE - 1:,}.")
+    return starts
+
+
 def make_traces(counts: dict[str, int], seed: int, exclude: set[str] = frozenset()) -> list[Trace]:
-    """``counts[family]`` traces per family from seeds ``seed + offset`` (one block per family,
-    so families never share seeds), skipping questions in ``exclude`` (held-out sets)."""
+    """``counts[family]`` traces per family from the family's seed block
+    (:func:`family_seeds`), skipping questions in ``exclude`` (held-out sets)."""
     rng = random.Random(seed)
     out = []
-    for offset, family in enumerate(sorted(counts)):
-        data = dataset(family, counts[family], seed + offset * 100_000)
+    for family, start in family_seeds(counts, seed).items():
+        data = dataset(family, counts[family], start)
         for entry in data:
             if entry["question"] in exclude:
                 continue

@@ -24,10 +24,10 @@ import shutil
 import time
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sgl_reason.reasoner.traces import (
-    MAX_SEED, THINK_END, THINK_START, Trace, held_out_questions, make_traces,
+    MAX_SEED, THINK_END, THINK_START, Trace, family_seeds, held_out_questions, make_traces,
 )
 
 logger = logging.getLogger(__name__)
@@ -65,6 +65,11 @@ class TrainConfig(BaseModel):
     # loss weight of the tokens that carry a decision (digits, < >, borrow, carry, the check's
     # verdict); every other trained token weighs 1. The reported loss stays the plain mean.
     decision_weight: float = Field(1.0, ge=1.0)
+
+    @model_validator(mode="after")
+    def _seeds_miss_the_held_out_set(self) -> "TrainConfig":
+        family_seeds(self.counts, self.seed)  # raises, naming the fix
+        return self
 
 
 def chat_prompt(question: str) -> str:

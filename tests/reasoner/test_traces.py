@@ -9,7 +9,8 @@ import pytest
 
 from sgl_reason.reasoner import arith
 from sgl_reason.reasoner.traces import (
-    FAMILIES, MAX_SEED, ORDERS, THINK_END, THINK_START, dataset, make_traces, trace_for,
+    FAMILIES, HELD_OUT_SEED, MAX_SEED, ORDERS, THINK_END, THINK_START, dataset, family_seeds,
+    make_traces, trace_for,
 )
 from sgl_reason.vote import extract_answer
 
@@ -157,6 +158,21 @@ def test_held_out_questions_are_never_trained_on():
 def test_seeds_reserved_for_evaluation_by_others_are_refused():
     with pytest.raises(ValueError, match="10,000,000"):
         dataset("chain_sum", 10, seed=MAX_SEED - 5)
+
+
+def test_a_run_whose_seed_blocks_reach_the_held_out_seeds_is_refused():
+    """v8's seed 4,800,000 put gsm_symbolic's block (third by name) at 5,000,000: all 60 of its
+    questions were held-out ones, so none was trained, and nothing said so."""
+    from sgl_reason.reasoner.train import TrainConfig
+
+    counts = {"chain_sum": 1200, "basic_arithmetic": 2200, "leg_counting": 900, "gsm_symbolic": 60}
+    with pytest.raises(ValueError, match=r"gsm_symbolic's training seeds 5,000,000\.\.5,000,059 "
+                                         r"reach the held-out seeds.*pass a --seed"):
+        family_seeds(counts, 4_800_000)
+    with pytest.raises(ValueError, match="leg_counting's training seeds"):
+        TrainConfig(counts=counts, seed=HELD_OUT_SEED - 300_000)  # the last block reaches it
+    assert family_seeds(counts, 4_500_000)["leg_counting"] == 4_800_000  # ends below: fine
+    assert family_seeds(counts, 5_000_200)["basic_arithmetic"] == 5_000_200  # starts above
 
 
 @pytest.mark.slow
