@@ -33,7 +33,11 @@ CPU_DEFAULTS: dict[str, str | None] = {
     "--device": "cpu",
     "--attention-backend": "torch_native",
     "--max-total-tokens": "16384",
-    "--mem-fraction-static": "0.05",
+    # --max-total-tokens sizes the pool; this fraction is only SGLang's headroom check: the free
+    # RAM the load may use up, measured machine-wide. At 0.05 (about 1 GB here) a 135M model's
+    # own start used it all (5.1-5.3%) when other servers ran: starts failed, or sized a pool
+    # below --max-total-tokens.
+    "--mem-fraction-static": "0.2",
     # Without it the idle scheduler busy-polls and holds a whole core of a 2-core machine.
     "--sleep-on-idle": None,
     # Thinking budgets are enforced inside one request by a custom logit processor. It runs

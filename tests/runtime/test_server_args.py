@@ -16,7 +16,7 @@ def test_cpu_defaults_apply_and_user_flags_win():
     assert server.flag_value(args, "--attention-backend") == "torch_native"
     assert server.flag_value(args, "--max-total-tokens") == "4096"
     assert args.count("--max-total-tokens") == 0  # only the user's --max-total-tokens=4096
-    assert server.flag_value(args, "--mem-fraction-static") == "0.05"
+    assert server.flag_value(args, "--mem-fraction-static") == "0.2"
 
 
 def test_gpu_machine_gets_no_cpu_defaults():
