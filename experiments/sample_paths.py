@@ -17,7 +17,12 @@ v8's traces name one of several ways in the plan line; this script reads, per fa
 - each path (a sample's first thinking line, its plan): its share of the samples and its
   accuracy;
 - problems whose samples took two paths or more, and among them those where one path was
-  right every time and another wrong every time (the paths fail apart).
+  right every time and another wrong every time (the paths fail apart);
+- a reordering path's own error point: samples whose reordered term list (the ``Terms:`` line)
+  is not the same terms as the chain's, one dropped or doubled, and how many of them are wrong.
+
+Greedy records (``--program think_then_answer``, one sample each) read the same way: each
+family's paths and their accuracy.
 
 SC_RECORDS and DATA are as for ``verified_vote.py``; every sample is regraded with DATA's
 grader. Prints the tables and a JSON line.
@@ -26,14 +31,28 @@ grader. Prints the tables and a JSON line.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections import Counter, defaultdict
 
 from sgl_reason.data import load
 
 
+# v8's reorder line: "Terms: + 74, + 50, - 47; from the last: - 47, + 50, + 74: 47 ..."
+TERMS = re.compile(r"^Terms: (.*?); [^:]*: (.*?):", re.MULTILINE)
+
+
 def path_of(sample: dict) -> str:
     return (sample.get("thinking") or sample.get("text") or "").split("\n", 1)[0].strip()
+
+
+def reorder_broken(sample: dict) -> bool | None:
+    """Whether the reordered list lost or doubled a term (None: the sample reorders nothing)."""
+    m = TERMS.search(sample.get("thinking") or sample.get("text") or "")
+    if m is None:
+        return None
+    terms = [sorted(t.strip() for t in group.split(",")) for group in m.groups()]
+    return terms[0] != terms[1]
 
 
 def main(sc_path: str, data_path: str) -> dict:
@@ -46,7 +65,8 @@ def main(sc_path: str, data_path: str) -> dict:
     out: dict = defaultdict(lambda: {"right samples": Counter(), "no right sample": 0,
                                      "systematic misses": 0,
                                      "systematic, one path": 0, "paths": defaultdict(list),
-                                     "problems, 2+ paths": 0, "paths fail apart": 0})
+                                     "problems, 2+ paths": 0, "paths fail apart": 0,
+                                     "reorders": Counter()})
     for r in records:
         problem = problems[r["id"]]
         samples = r["samples"]
@@ -64,6 +84,12 @@ def main(sc_path: str, data_path: str) -> dict:
                 f["systematic, one path"] += len(by_path) == 1
             for path, oks in by_path.items():
                 f["paths"][path] += oks
+            for s, ok in zip(samples, right):
+                broken = reorder_broken(s)
+                if broken is not None:
+                    f["reorders"]["samples"] += 1
+                    f["reorders"]["broken"] += broken
+                    f["reorders"]["broken, wrong"] += broken and not ok
             if len(by_path) > 1:
                 f["problems, 2+ paths"] += 1
                 f["paths fail apart"] += (any(all(v) for v in by_path.values())
@@ -79,7 +105,8 @@ def main(sc_path: str, data_path: str) -> dict:
                           "systematic misses": f["systematic misses"],
                           "systematic, one path": f["systematic, one path"],
                           "problems, 2+ paths": f["problems, 2+ paths"],
-                          "paths fail apart": f["paths fail apart"], "paths": paths}
+                          "paths fail apart": f["paths fail apart"], "paths": paths,
+                          "reorders": dict(f["reorders"])}
         print(f"{family}: right samples per problem (0..{n}) {result[family]['right samples']}; "
               f"no right sample {f['no right sample']}; a wrong majority {f['systematic misses']} "
               f"({f['systematic, one path']} on one path); {f['problems, 2+ paths']} problems "
@@ -87,6 +114,10 @@ def main(sc_path: str, data_path: str) -> dict:
               "another always wrong")
         for p, v in sorted(paths.items(), key=lambda kv: -kv[1]["share"]):
             print(f"  {v['share']:.3f} of samples, accuracy {v['accuracy']:.3f}: {p[:100]}")
+        if f["reorders"]:
+            print(f"  reordered terms: {f['reorders']['samples']} samples, the list lost or "
+                  f"doubled a term in {f['reorders']['broken']} ({f['reorders']['broken, wrong']} "
+                  "of them wrong)")
     print(json.dumps(result))
     return result
 
