@@ -111,7 +111,7 @@ def free_port(host: str = DEFAULT_HOST) -> int:
     connections) may take as its local port, and the server then fails to bind."""
     top = _ephemeral_low() - _INTERNAL_SPAN
     if top > 10000:
-        for port in random.sample(range(10000, top), 64):
+        for port in random.SystemRandom().sample(range(10000, top), 64):  # not a seeded state
             if _bindable(host, port):
                 return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # an odd port range
