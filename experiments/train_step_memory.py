@@ -1,8 +1,9 @@
 """Which blocks make a training step slow? (issue #16, session 30)
 
 Runs ``--steps`` training steps on v8's data and seed (``--scale`` of its traces, batched as
-``train-reasoner`` batches them, the largest batches first) in this process, in one of two loss modes, and prints per step: seconds, minor page
-faults, system-time share, and the process's peak resident size so far.
+``train-reasoner`` batches them, the largest batches first) in this process, in one of two loss
+modes, and prints per step: seconds, minor page faults, system-time share, and the process's
+peak resident size so far.
 
     HF_HUB_OFFLINE=1 .venv/bin/python experiments/train_step_memory.py --loss full
     HF_HUB_OFFLINE=1 .venv/bin/python experiments/train_step_memory.py --loss chunked
