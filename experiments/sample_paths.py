@@ -38,7 +38,8 @@ from collections import Counter, defaultdict
 from sgl_reason.data import load
 
 
-# v8's reorder line: "Terms: + 74, + 50, - 47; from the last: - 47, + 50, + 74: 47 ..."
+# the reorder line, v8: "Terms: + 74, + 50, - 47; from the last: - 47, + 50, + 74: -47 ..."
+# (v9 numbers the terms: "Terms: 1) + 74, ...; from the last: 3) - 47, ...: -47 ...")
 TERMS = re.compile(r"^Terms: (.*?); [^:]*: (.*?):", re.MULTILINE)
 
 

@@ -6,8 +6,8 @@ A trace is shaped like a real reasoning model's (R1, Qwen3)::
     Plan: ...                                   one sentence, naming which of the problem's
                                                 ways the trace takes (v8: a chain's term
                                                 order, a product's number on top)
-    Terms: + 74, - 47, ...; from the last: ...  v8: a chain in another order, derived term by
-                                                term
+    Terms: 1) + 74, 2) - 47, ...; from the      v8: a chain in another order, derived term by
+    last: 4) + 83, ...: 83 ...                  term (v9: copied by place)
     Step 1: -59 + 21. 21 is less than 59: ...   one operation a step, digit facts per column
     Now: in -59 + 21 + 40 + -96, -59 + 21 is    the expression rewritten after each step, the
     -38: -38 + 40 + -96                         part it replaces named (v5)
@@ -150,6 +150,11 @@ ORDERS = {
     "last": "from the last term to the first",
     "added": "the added terms first, then the subtracted ones",
 }
+# v9: how often a trace takes each way. Greedy takes the way whose plan token is likeliest, and
+# v8 drew its ways uniformly: its greedy planned "from the last" for every chain (0.64, where
+# left to right scored 0.87 in samples). The most reliable way is now the most frequent, so
+# that greedy takes it while samples at 0.7 still take the others about one time in three.
+ORDER_WEIGHTS = {"left": 0.5, "last": 0.25, "added": 0.25}
 _ORDER_NAMES = {"last": "from the last", "added": "added first"}
 
 
@@ -159,17 +164,20 @@ def _terms(toks: list[str]) -> list[tuple[str, str]]:
 
 
 def _reorder(toks: list[str], order: str) -> tuple[list[str], str]:
-    """The chain in ``order`` and the line that derives it from the written terms."""
-    terms = _terms(toks)
+    """The chain in ``order`` and the line that derives it from the written terms.
+
+    v9: each term carries its place in the written chain, and the reordered list copies terms
+    by place. v8 listed bare terms, and 17 of 107 sampled reorders lost or doubled one."""
+    terms = list(enumerate(_terms(toks), 1))
     if order == "last":
         moved = terms[::-1]
     else:
-        moved = [t for t in terms if t[0] == "+"] + [t for t in terms if t[0] == "-"]
-    (sign, first), rest = moved[0], moved[1:]
-    chain = [first if sign == "+" else str(-int(first))] + [t for pair in rest for t in pair]
+        moved = [t for t in terms if t[1][0] == "+"] + [t for t in terms if t[1][0] == "-"]
+    (sign, first), rest = moved[0][1], moved[1:]
+    chain = [first if sign == "+" else str(-int(first))] + [x for _, pair in rest for x in pair]
 
     def listed(ts):
-        return ", ".join(f"{sg} {n}" for sg, n in ts)
+        return ", ".join(f"{k}) {sg} {n}" for k, (sg, n) in ts)
 
     return chain, (f"Terms: {listed(terms)}; {_ORDER_NAMES[order]}: {listed(moved)}: "
                    f"{' '.join(chain)}")
@@ -207,7 +215,7 @@ def _expression_trace(family: str, question: str, expression: str, gold: str,
     toks = _drop_single_parens(_tokens(expression))
     lines, on_top = [], False
     if "(" not in toks and "*" not in toks and len(toks) > 3:  # a flat chain of 3+ terms
-        order = rng.choice(list(ORDERS))
+        order = rng.choices(list(ORDER_WEIGHTS), weights=list(ORDER_WEIGHTS.values()))[0]
         lines += [f"Plan: {ORDERS[order]}, one operation a step, then check each step backwards.",
                   f"Start: {' '.join(toks)}"]
         if order != "left":

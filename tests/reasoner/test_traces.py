@@ -9,8 +9,8 @@ import pytest
 
 from sgl_reason.reasoner import arith
 from sgl_reason.reasoner.traces import (
-    FAMILIES, HELD_OUT_SEED, MAX_SEED, ORDERS, THINK_END, THINK_START, dataset, family_seeds,
-    make_traces, trace_for,
+    FAMILIES, HELD_OUT_SEED, MAX_SEED, ORDER_WEIGHTS, ORDERS, THINK_END, THINK_START, dataset,
+    family_seeds, make_traces, trace_for,
 )
 from sgl_reason.vote import extract_answer
 
@@ -278,17 +278,20 @@ def test_a_problem_is_worked_in_several_ways_named_in_the_plan():
                                   "backwards." for o in ORDERS.values())
     last = seen["Plan: from the last term to the first, one operation a step, then check each "
                 "step backwards."]
-    assert ("\nTerms: + 74, + 50, - 47, + 83; from the last: + 83, - 47, + 50, + 74: "
-            "83 - 47 + 50 + 74\nStep 1: 83 - 47.") in last
+    assert ("\nTerms: 1) + 74, 2) + 50, 3) - 47, 4) + 83; from the last: 4) + 83, 3) - 47, "
+            "2) + 50, 1) + 74: 83 - 47 + 50 + 74\nStep 1: 83 - 47.") in last
     added = seen["Plan: the added terms first, then the subtracted ones, one operation a step, "
                  "then check each step backwards."]
-    assert "; added first: + 74, + 50, + 83, - 47: 74 + 50 + 83 - 47\nStep 1: 74 + 50." in added
+    assert ("; added first: 1) + 74, 2) + 50, 4) + 83, 3) - 47: 74 + 50 + 83 - 47\nStep 1: "
+            "74 + 50.") in added
     # a subtracted first term changes sign when it moves to the front; minus a negative stays
     entry = {"question": "q", "answer": "-4", "metadata": {"expression": "2 + 0 - -1 + -7"}}
     ways = {trace_for("basic_arithmetic", entry, random.Random(s)).thinking.split("\nStep 1")[0]
             for s in range(40)}
-    assert any(w.endswith("from the last: + -7, - -1, + 0, + 2: -7 - -1 + 0 + 2") for w in ways)
-    assert any(w.endswith("added first: + 2, + 0, + -7, - -1: 2 + 0 + -7 - -1") for w in ways)
+    assert any(w.endswith("from the last: 4) + -7, 3) - -1, 2) + 0, 1) + 2: -7 - -1 + 0 + 2")
+               for w in ways)
+    assert any(w.endswith("added first: 1) + 2, 2) + 0, 4) + -7, 3) - -1: 2 + 0 + -7 - -1")
+               for w in ways)
     # a product: the first number times the second's digits, or the other way round
     assert arith.work(94, "*", 28).text.startswith("94*8:")
     second = arith.work(94, "*", 28, second_on_top=True)
@@ -299,3 +302,17 @@ def test_a_problem_is_worked_in_several_ways_named_in_the_plan():
     plans = {trace_for("basic_arithmetic", entry, random.Random(s)).thinking.splitlines()[0]
              for s in range(20)}
     assert {p.split("product's ")[1].split(" number")[0] for p in plans} == {"first", "second"}
+
+
+def test_the_most_reliable_chain_way_is_the_most_frequent():
+    """v9: greedy takes the way whose plan token is likeliest, so the way it should take (left
+    to right) is trained most often; the other two still come up, for samples to explore."""
+    from collections import Counter
+
+    entry = {"question": "q", "answer": "160", "metadata": {"expression": "74 + 50 - 47 + 83"}}
+    plans = Counter(trace_for("chain_sum", entry, random.Random(s)).thinking.split(",", 1)[0]
+                    for s in range(600))
+    assert max(ORDER_WEIGHTS, key=ORDER_WEIGHTS.get) == "left"
+    assert plans.most_common(1)[0][0] == "Plan: left to right"
+    for order, weight in ORDER_WEIGHTS.items():
+        assert abs(plans[f"Plan: {ORDERS[order]}".split(",")[0]] / 600 - weight) < 0.06
