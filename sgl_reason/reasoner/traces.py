@@ -153,7 +153,7 @@ ORDERS = {
 # v9: how often a trace takes each way. Greedy takes the way whose plan token is likeliest, and
 # v8 drew its ways uniformly: its greedy planned "from the last" for every chain (0.64, where
 # left to right scored 0.87 in samples). The most reliable way is now the most frequent, so
-# that greedy takes it while samples at 0.7 still take the others about one time in three.
+# that greedy takes it (v9 greedy: 50 of 50 chains) while samples at 0.7 still explore.
 ORDER_WEIGHTS = {"left": 0.5, "last": 0.25, "added": 0.25}
 _ORDER_NAMES = {"last": "from the last", "added": "added first"}
 
