@@ -15,13 +15,18 @@ them through the radix cache) form a group, and per layer
 | range of a request's row          | computed                                            |
 |-----------------------------------|-----------------------------------------------------|
 | ``[0, P)``, P = group's shared len| once per group: all its queries x the prefix K/V    |
-| ``[P, seq_len)``, the own suffix  | batched over all requests, padded to the longest    |
+| ``[P, seq_len)``, the own suffix  | batched, padded to the longest of its length bucket |
 
 and the two partial softmaxes are merged exactly by their log-sum-exp (the cascade/flash
 decomposition), in fp32. Groups with less than ``MIN_SHARED`` common tokens are not split.
+Suffixes are batched in buckets of similar length (:func:`length_buckets`): one batch padded to
+its longest suffix made every request pay the longest's cost, and 6 requests of 1,700 tokens
+among 20 of 400 made a layer's decode attention ~10x slower than two batches
+(``benchmarks/decode_buckets.py``).
 The result equals stock attention up to floating-point rounding (``tests/runtime``).
 
-Installed in the scheduler process by the plugin; ``SGL_REASON_CPU_ATTENTION=0`` turns it off.
+Installed in the scheduler process by the plugin; ``SGL_REASON_CPU_ATTENTION=0`` turns it off,
+``SGL_REASON_DECODE_BUCKETS=0`` only the length buckets (to measure them).
 Anything it does not cover (sliding windows, cross attention, encoder lengths) goes to the stock
 code path unchanged.
 """
@@ -41,6 +46,7 @@ from sgl_reason.runtime.thinking_kv.columns import close_rows
 logger = logging.getLogger(__name__)
 
 ENV = "SGL_REASON_CPU_ATTENTION"
+BUCKETS_ENV = "SGL_REASON_DECODE_BUCKETS"  # "0": one suffix batch padded to the longest
 MIN_SHARED = 32
 
 
@@ -58,6 +64,33 @@ class DecodePlan:
     shared: list[int]  # each request's shared-prefix length (its group's P)
     window: tuple | None = None  # 16-bit reads (kv_window): suffix Reads, per-group prefix Reads
     scoring: tuple | None = None  # (batch positions, ScoreBooks): thinking_kv.scoring observes
+    # suffix batches of similar length, (batch positions, width) each; None: one batch of all.
+    # A window or scoring reads the one [B, S] batch, so a plan with either has none.
+    buckets: list[tuple[torch.Tensor, int]] | None = None
+
+
+# a suffix joins the current bucket while it is longer than half the bucket's width, or within
+# BUCKET_SLACK tokens of it: padding at most doubles a request's suffix work, and short suffixes
+# are not split into many small batches (each costs a few small ops per layer)
+BUCKET_SLACK = 128
+
+
+def length_buckets(lengths: list[int]) -> list[tuple[torch.Tensor, int]]:
+    """Batch positions grouped by suffix length, longest first: ``(positions, width)`` each,
+    ``width`` the bucket's longest suffix."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    buckets, members, width = [], [], 0
+    for i in order:
+        n = lengths[i]
+        if members and 2 * n <= width and width - n > BUCKET_SLACK:
+            buckets.append((torch.tensor(members, dtype=torch.int64), width))
+            members = []
+        if not members:
+            width = n
+        members.append(i)
+    if members:
+        buckets.append((torch.tensor(members, dtype=torch.int64), width))
+    return buckets
 
 
 def plan_decode(rows: torch.Tensor, seq_lens: list[int], min_suffix: int = 1) -> DecodePlan:
@@ -89,7 +122,10 @@ def plan_decode(rows: torch.Tensor, seq_lens: list[int], min_suffix: int = 1) ->
     mask = offsets.unsqueeze(0) < lengths
     cols = (starts + offsets.unsqueeze(0)).clamp(max=rows.shape[1] - 1)
     slots = torch.where(mask, torch.gather(rows, 1, cols), torch.zeros_like(cols)).long()
-    return DecodePlan(groups, slots, mask, shared)
+    buckets = []
+    if os.environ.get(BUCKETS_ENV, "1") != "0":
+        buckets = length_buckets(lengths.squeeze(1).tolist())
+    return DecodePlan(groups, slots, mask, shared, buckets=buckets if len(buckets) > 1 else None)
 
 
 def plan_decode_batch(req_to_token: torch.Tensor, lanes: list[int], seq_lens: list[int],
@@ -104,8 +140,9 @@ def plan_decode_batch(req_to_token: torch.Tensor, lanes: list[int], seq_lens: li
     if window is not None:
         reads = window.decode_reads(rows, seq_lens, lanes, freed, plan.shared,
                                     plan.suffix_slots.shape[1])
+    buckets = plan.buckets if window is None and scoring is None else None
     return DecodePlan(plan.groups, plan.suffix_slots, plan.suffix_mask, plan.shared, reads,
-                      scoring)
+                      scoring, buckets)
 
 
 def _partial(q, k, v, scale, mask=None, k_scale=None, v_scale=None):
@@ -152,23 +189,17 @@ def shared_prefix_decode(query, k_cache, v_cache, plan: DecodePlan, scale: float
     q = query.float().view(batch, hkv, rep, d)  # q head h reads kv head h // rep
     suffix_reads, prefix_reads = plan.window or (None, None)
 
-    def suffix(cache):  # [B, Hkv, W, D] and [B, Hkv, W] (or None)
-        rows, row_scale = _coded_rows(cache, flat, suffix_reads)
-        rows = rows.view(batch, width, hkv, d).transpose(1, 2)
-        if row_scale is not None:
-            row_scale = row_scale.view(batch, width, hkv).transpose(1, 2)
-        return rows, row_scale
-
     def prefix(cache, slots, reads):  # [1, Hkv, P, D] and [1, Hkv, P] (or None)
         rows, row_scale = _coded_rows(cache, slots, reads)
         rows = rows.transpose(0, 1).unsqueeze(0)
         return rows, None if row_scale is None else row_scale.transpose(0, 1).unsqueeze(0)
 
-    flat = plan.suffix_slots.reshape(-1)
-    width = plan.suffix_slots.shape[1]
-    # index_select, not k_cache[idx]: advanced indexing is ~50x slower on CPU here
-    (ks, k_scale), (vs, v_scale) = suffix(k_cache), suffix(v_cache)
-    out, m, l, e = _partial(q, ks, vs, scale, plan.suffix_mask, k_scale, v_scale)
+    if plan.buckets is None or plan.window is not None or plan.scoring is not None:
+        (ks, k_scale), (vs, v_scale) = (_suffix_rows(cache, plan.suffix_slots, suffix_reads)
+                                        for cache in (k_cache, v_cache))
+        out, m, l, e = _partial(q, ks, vs, scale, plan.suffix_mask, k_scale, v_scale)
+    else:
+        out, m, l = _bucketed_suffix(q, k_cache, v_cache, plan, scale)
     m_suffix = m.clone() if plan.scoring is not None else None
 
     for group in plan.groups:
@@ -193,6 +224,30 @@ def shared_prefix_decode(query, k_cache, v_cache, plan: DecodePlan, scale: float
 
         record(plan.scoring, e, m_suffix, m, l, plan.shared, plan.suffix_mask.sum(dim=1))
     return (out / l).reshape(batch, hq, d)
+
+
+def _suffix_rows(cache, slots: torch.Tensor, reads=None):
+    """The rows of suffix slots [b, W]: [b, Hkv, W, D] fp32, and their scales [b, Hkv, W]
+    (None for a 16-bit pool). ``reads``: a KV window's 16-bit rows (``kv_window.Reads``)."""
+    b, w = slots.shape
+    # index_select, not k_cache[idx]: advanced indexing is ~50x slower on CPU here
+    rows, row_scale = _coded_rows(cache, slots.reshape(-1), reads)
+    rows = rows.view(b, w, *rows.shape[1:]).transpose(1, 2)
+    if row_scale is not None:
+        row_scale = row_scale.view(b, w, -1).transpose(1, 2)
+    return rows, row_scale
+
+
+def _bucketed_suffix(q, k_cache, v_cache, plan: DecodePlan, scale: float):
+    """The suffix partials of :func:`shared_prefix_decode`, one batch per length bucket, each
+    padded only to its own longest suffix: (out, max, sum) over the whole batch."""
+    out, m, l = q.new_empty(q.shape), q.new_empty(*q.shape[:3], 1), q.new_empty(*q.shape[:3], 1)
+    for members, width in plan.buckets:
+        slots = plan.suffix_slots[members, :width]
+        (ks, k_scale), (vs, v_scale) = (_suffix_rows(cache, slots) for cache in (k_cache, v_cache))
+        out[members], m[members], l[members], _ = _partial(
+            q[members], ks, vs, scale, plan.suffix_mask[members, :width], k_scale, v_scale)
+    return out, m, l
 
 
 def extend_attention(query, output, k_cache, v_cache, req_to_token, req_pool_indices,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
@@ -100,6 +102,57 @@ def test_short_common_prefix_is_not_split():
     plan = cpu_attention.plan_decode(rows, [6, 6])
     assert [g.prefix_slots.numel() for g in plan.groups] == [0]
     assert plan.suffix_mask.sum().item() == 12
+
+
+def test_suffixes_are_batched_with_others_of_similar_length(monkeypatch):
+    """A suffix joins a bucket while it is more than half the bucket's width (or within the
+    slack of it): padding at most doubles a request's work, short ones stay together. The
+    environment variable turns buckets off, for benchmarks."""
+    rows = torch.arange(2 * 600, dtype=torch.int32).view(2, 600)
+    assert [len(m) for m, _ in cpu_attention.plan_decode(rows, [600, 20]).buckets] == [1, 1]
+    monkeypatch.setenv(cpu_attention.BUCKETS_ENV, "0")
+    assert cpu_attention.plan_decode(rows, [600, 20]).buckets is None
+    buckets = cpu_attention.length_buckets([400, 1700, 400, 30, 1700, 900, 300])
+    assert [(m.tolist(), w) for m, w in buckets] == [([1, 4, 5], 1700), ([0, 2, 6], 400),
+                                                      ([3], 30)]
+    slack = cpu_attention.BUCKET_SLACK
+    assert len(cpu_attention.length_buckets([slack + 1, 40, 1])) == 1
+
+
+@pytest.mark.parametrize("code", [None, "int8"])
+def test_decode_over_length_buckets_matches_stock(code):
+    """Forks of one prefix with suffixes of very different lengths, and a stranger: attention
+    computed bucket by bucket equals stock attention (16-bit pool), and equals attention over
+    the dequantized rows (a low-bit pool)."""
+    k, v, g = _cache(5)
+    prefix = torch.randperm(N, generator=g)[:300]
+    own = [1500, 20, 700, 15, 1400]
+    rows = torch.zeros(6, 2048, dtype=torch.int32)
+    seq = []
+    for i in range(6):
+        r = torch.randint(0, N, (1800,), generator=g) if i == 5 else torch.cat(
+            [prefix, torch.randint(0, N, (own[i],), generator=g)])
+        rows[i, :len(r)] = r.int()
+        seq.append(len(r))
+    q = torch.randn(6, HQ, D, generator=g).bfloat16()
+    plan = cpu_attention.plan_decode(rows, seq)
+    # suffixes 1,800 (the stranger's) 1,500 1,400 | 700 | 20 15
+    assert sorted(len(m) for m, _ in plan.buckets) == [1, 2, 3]
+    if code is None:
+        ref = TorchNativeAttnBackend._run_sdpa_forward_decode(
+            None, q.clone(), torch.empty_like(q), k, v, rows, torch.arange(6), torch.tensor(seq),
+            scaling=SCALE, enable_gqa=True).float()
+    else:
+        (kq, ks), (vq, vs) = fp8_kv.quantize(k, code=code), fp8_kv.quantize(v, code=code)
+        k = fp8_kv.PerTokenFP8View(kq, ks, torch.bfloat16)
+        v = fp8_kv.PerTokenFP8View(vq, vs, torch.bfloat16)
+        every = torch.arange(N)
+        ref = cpu_attention.shared_prefix_decode(q, k.rows(every), v.rows(every), plan, SCALE)
+    out = cpu_attention.shared_prefix_decode(q, k, v, plan, SCALE)
+    one = cpu_attention.shared_prefix_decode(q, k, v, replace(plan, buckets=None), SCALE)
+    torch.testing.assert_close(out, ref, atol=2e-2 if code is None else 1e-5,
+                               rtol=0 if code is None else 1e-5)
+    torch.testing.assert_close(out, one, atol=1e-6, rtol=1e-5)  # one padded batch: the same
 
 
 def test_decode_skips_freed_columns_exactly():
