@@ -8,7 +8,7 @@ of mixed lengths.
 heads x 64, 9 query heads), no shared prefix. Each batch's two ways take turns for 9 rounds
 of 10 calls; each reports its median round. The batches:
 - 20 requests of 400 tokens and 6 of 1,700 (self-consistency beside long gsm_symbolic
-  thoughts: the mix that slowed a session-32 eval's decode from ~85 to ~21 tokens/s);
+  thoughts, the mix that slowed session 33's v9 self-consistency run);
 - three self-consistency problems at different stages, 8 samples each at 600, 300 and 50;
 - 24 requests of 420-500 tokens (one bucket: both ways are the same code).
 """
