@@ -93,10 +93,12 @@ def length_buckets(lengths: list[int]) -> list[tuple[torch.Tensor, int]]:
     return buckets
 
 
-def plan_decode(rows: torch.Tensor, seq_lens: list[int], min_suffix: int = 1) -> DecodePlan:
+def plan_decode(rows: torch.Tensor, seq_lens: list[int], min_suffix: int = 1,
+                bucketed: bool = True) -> DecodePlan:
     """Group a decode batch by shared KV prefix. ``rows`` is ``req_to_token[req_pool_indices]``.
     Each request keeps at least its last ``min_suffix`` tokens (>= 1: the newest) in its own
-    suffix: a 16-bit window is per request, so it cannot sit in a shared prefix."""
+    suffix: a 16-bit window is per request, so it cannot sit in a shared prefix. ``bucketed``:
+    plan suffix length buckets (unless ``SGL_REASON_DECODE_BUCKETS=0``)."""
     batch = len(seq_lens)
     by_first: dict[int, list[int]] = {}
     for i in range(batch):
@@ -123,7 +125,7 @@ def plan_decode(rows: torch.Tensor, seq_lens: list[int], min_suffix: int = 1) ->
     cols = (starts + offsets.unsqueeze(0)).clamp(max=rows.shape[1] - 1)
     slots = torch.where(mask, torch.gather(rows, 1, cols), torch.zeros_like(cols)).long()
     buckets = []
-    if os.environ.get(BUCKETS_ENV, "1") != "0":
+    if bucketed and os.environ.get(BUCKETS_ENV, "1") != "0":
         buckets = length_buckets(lengths.squeeze(1).tolist())
     return DecodePlan(groups, slots, mask, shared, buckets=buckets if len(buckets) > 1 else None)
 
@@ -135,14 +137,14 @@ def plan_decode_batch(req_to_token: torch.Tensor, lanes: list[int], seq_lens: li
     and which requests' attention is observed (``scoring``; their rows have no freed column)."""
     rows = req_to_token[torch.tensor(lanes)]
     closed, lens = (close_rows(rows, seq_lens, freed) if freed else (rows, seq_lens))
-    plan = plan_decode(closed, lens, window.window if window is not None else 1)
+    plan = plan_decode(closed, lens, window.window if window is not None else 1,
+                       bucketed=window is None and scoring is None)
     reads = None
     if window is not None:
         reads = window.decode_reads(rows, seq_lens, lanes, freed, plan.shared,
                                     plan.suffix_slots.shape[1])
-    buckets = plan.buckets if window is None and scoring is None else None
     return DecodePlan(plan.groups, plan.suffix_slots, plan.suffix_mask, plan.shared, reads,
-                      scoring, buckets)
+                      scoring, plan.buckets)
 
 
 def _partial(q, k, v, scale, mask=None, k_scale=None, v_scale=None):
