@@ -267,6 +267,14 @@ def _cmd_eval(args: argparse.Namespace) -> int:
             print(f"sgl-reason: error: --early-stop: {error}", file=sys.stderr)
             return 2
         early = {"early_stop": config}
+    if args.vote_weights != "equal":
+        if args.program != "self_consistency":
+            print(f"sgl-reason: error: --vote-weights weighs self_consistency's vote; --program "
+                  f"{args.program} has none", file=sys.stderr)
+            return 2
+        from sgl_reason.vote import VoteConfig
+
+        early["vote_config"] = VoteConfig(weigh=args.vote_weights)
     if args.temperature is not None:
         from sgl_reason.profiles import Sampling
 
@@ -276,7 +284,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
             "data": args.data,
             "n": None if args.program == "think_then_answer" else args.n,
             "budget": think.thinking_tokens if think is not None else None,
-            "early_stop": args.early_stop, "verifier": args.verifier}
+            "early_stop": args.early_stop, "verifier": args.verifier,
+            "vote_weights": args.vote_weights}
     if problems and not evaluate.pending(problems, out):
         print(f"every problem already has a record in {out}: nothing to run, no server "
               "started (delete the file to run again)", file=sys.stderr)
@@ -453,6 +462,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "consensus (self_consistency)")
     p.add_argument("--early-stop-option", action="append", default=[], metavar="KEY=VALUE",
                    help="an EarlyStop field, e.g. probe_confidence=0.4 (repeatable)")
+    p.add_argument("--vote-weights", choices=("equal", "confidence"), default="equal",
+                   help="self_consistency: confidence weighs each trace's vote by its lowest "
+                   "32-token group confidence (DeepConf offline; its samples record it as score)")
     p.add_argument("--concurrency", type=int, default=2, help="problems in flight")
     p.add_argument("--model", default=None,
                    help="the embedded server's model: reasoner, smollm2 or a local folder "

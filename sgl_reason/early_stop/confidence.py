@@ -9,6 +9,10 @@ a kept trace votes with the weight of its lowest group confidence.
 DeepConf online (``warmup`` > 0, in self-consistency): the threshold is not fixed but set per
 question from its first ``warmup`` traces, drawn whole: :func:`warmup_threshold` is the
 confidence that keeps their top ``keep_top`` fraction.
+
+:func:`trace_confidence` is the same weight read off a finished trace's logprobs at once: a
+self-consistency vote weighted by confidence without early stop (``VoteConfig(weigh=
+"confidence")``, DeepConf offline) asks for them in the trace's own request, with no chunks.
 """
 
 from __future__ import annotations
@@ -53,6 +57,26 @@ class ConfidenceSignal(Signal):
 
     def weight(self) -> float:
         return self.lowest if self.lowest is not None else 1.0
+
+
+# what a trace weighed by confidence without early stop is read with: EarlyStop's defaults
+CONFIDENCE_TOP_K, CONFIDENCE_WINDOW = 5, 32
+
+
+def trace_confidence(top_logprobs: list[list[float]],
+                     window: int = CONFIDENCE_WINDOW) -> float | None:
+    """A finished trace's lowest mean token confidence over ``window`` consecutive tokens (its
+    mean where it is shorter): what :class:`ConfidenceSignal` weighs it by after reading the
+    same tokens. None when no token has logprobs."""
+    conf = [-sum(lps) / len(lps) for lps in top_logprobs if lps]
+    if len(conf) < window:
+        return sum(conf) / len(conf) if conf else None
+    group = sum(conf[:window])
+    lowest = group
+    for end in range(window, len(conf)):
+        group += conf[end] - conf[end - window]
+        lowest = min(lowest, group)
+    return lowest / window
 
 
 def warmup_threshold(confidences: list[float], keep_top: float) -> float:

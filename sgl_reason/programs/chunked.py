@@ -14,9 +14,13 @@ from sgl_reason.programs.common import finished, forks
 
 def _logprobs(meta: dict) -> tuple[list[float], list[list[float]]]:
     chosen = [float(x[0]) for x in meta.get("output_token_logprobs") or [] if x and x[0] is not None]
-    top = [[float(y[0]) for y in (row or []) if y and y[0] is not None]
-           for row in meta.get("output_top_logprobs") or []]
-    return chosen, top
+    return chosen, top_logprobs(meta)
+
+
+def top_logprobs(meta: dict) -> list[list[float]]:
+    """Per generated token, the top logprobs a request returned (``top_logprobs_num``)."""
+    return [[float(y[0]) for y in (row or []) if y and y[0] is not None]
+            for row in meta.get("output_top_logprobs") or []]
 
 
 def generate_chunked(s, name: str, max_tokens: int, stops: list[str] | None, sampling: dict,

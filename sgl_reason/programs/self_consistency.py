@@ -17,8 +17,8 @@ import sglang as sgl
 
 from sgl_reason.backend import ReasonBackend
 from sgl_reason.early_stop import EarlyStop
-from sgl_reason.early_stop.confidence import warmup_threshold
-from sgl_reason.programs.chunked import decision_dict, generate_chunked
+from sgl_reason.early_stop.confidence import CONFIDENCE_TOP_K, trace_confidence, warmup_threshold
+from sgl_reason.programs.chunked import decision_dict, generate_chunked, top_logprobs
 from sgl_reason.profiles import ModelProfile, Sampling
 from sgl_reason.programs.budget import KVPolicy, ThinkingBudget
 from sgl_reason.programs.common import (
@@ -30,13 +30,15 @@ from sgl_reason.programs.think_then_answer import think as think_step
 from sgl_reason.vote import VoteConfig, extract_answer, normalize_answer, vote
 
 
-def collect_direct(branch) -> Sample:
-    """The sample of a branch whose ``completion`` gen has been submitted (waits for it)."""
+def collect_direct(branch, weigh: bool = False) -> Sample:
+    """The sample of a branch whose ``completion`` gen has been submitted (waits for it);
+    ``weigh``: the gen asked for top logprobs, and the score is the trace's confidence."""
     text, meta = finished(branch, "completion")
     cut = meta["finish_reason"]["type"] == "length"
     return Sample(text=text, answer_text=text, answer=extract_answer(text, cut=cut),
                   answer_tokens=meta["completion_tokens"],
-                  finish_reason=meta["finish_reason"]["type"])
+                  finish_reason=meta["finish_reason"]["type"],
+                  score=trace_confidence(top_logprobs(meta)) if weigh else None)
 
 
 def _direct_watched(branch, max_tokens: int, sampling: dict, config: EarlyStop) -> Sample:
@@ -54,26 +56,29 @@ def _direct_watched(branch, max_tokens: int, sampling: dict, config: EarlyStop) 
 
 @sgl.function
 def self_consistency_program(s, question, num_samples, max_tokens, sampling, profile,
-                             plan=None, system=None, watch=None):
+                             plan=None, system=None, watch=None, weigh=False):
     """Shared prompt, ``num_samples`` forks decoded concurrently; samples land in s["samples"].
 
-    ``watch``: an ``EarlyStop`` whose per-trace signal watches direct (non-thinking) branches."""
+    ``watch``: an ``EarlyStop`` whose per-trace signal watches direct (non-thinking) branches.
+    ``weigh``: direct branches return top logprobs and score their confidence (a thinking
+    ``plan`` says so itself)."""
     open_prompt(s, question, profile, system)
     if plan is not None:
         s += plan.profile.think_start  # shared: each branch then prefills a single token
     with forks(s, num_samples) as branches:
-        s["samples"] = _samples(branches, plan, max_tokens, sampling, watch)
+        s["samples"] = _samples(branches, plan, max_tokens, sampling, watch, weigh)
 
 
-def _samples(branches, plan, max_tokens, sampling, watch) -> list[Sample]:
+def _samples(branches, plan, max_tokens, sampling, watch, weigh) -> list[Sample]:
     if watch is not None and plan is None:
         with ThreadPoolExecutor(max_workers=len(branches)) as pool:
             return list(pool.map(
                 lambda b: _direct_watched(b, max_tokens, sampling, watch), branches))
     if plan is None:
+        logprobs = {"return_logprob": True, "top_logprobs_num": CONFIDENCE_TOP_K} if weigh else {}
         for branch in branches:  # gen is asynchronous: all n requests are in flight at once
-            branch += sgl.gen("completion", max_tokens=max_tokens, **sampling)
-        return [collect_direct(b) for b in branches]
+            branch += sgl.gen("completion", max_tokens=max_tokens, **sampling, **logprobs)
+        return [collect_direct(b, weigh) for b in branches]
     # think-then-answer in every branch; branches wait on their own replies in parallel
     with ThreadPoolExecutor(max_workers=len(branches)) as pool:
         return list(pool.map(lambda b: think_step(b, plan, opened=True), branches))
@@ -101,6 +106,9 @@ def self_consistency(
 
     ``think``: a budget (see :func:`~sgl_reason.think`) makes every branch think first;
     ``kv_policy`` then sets the server's thinking-KV policy for that thinking.
+    ``vote_config``: how answers are matched, and ``weigh="confidence"`` weighs each trace's
+    vote by its confidence (its lowest 32-token group confidence, from the top-5 logprobs its
+    own request returns; DeepConf offline: nothing dropped, no extra request).
     ``early_stop``: ``consensus`` samples in windows of ``batch`` and stops once the majority
     is settled (``info["early_stop"]``); ``confidence`` watches every branch, drops
     low-confidence traces and weights the vote by confidence (with ``warmup=W``, DeepConf
@@ -118,12 +126,23 @@ def self_consistency(
     profile = resolve_profile(backend, profile)
     params = sampling_kwargs(profile, sampling)
     per_trace = early_stop if early_stop is not None and early_stop.signal != "consensus" else None
+    weigh = vote_config is not None and vote_config.weigh == "confidence"
+    if weigh and per_trace is not None and per_trace.signal != "confidence":
+        raise ValueError(
+            f"VoteConfig(weigh='confidence') reads each trace's logprobs from its own request, "
+            f"and early stop {per_trace.signal!r} splits traces into chunks: use "
+            "early_stop=EarlyStop(signal='confidence'), which weighs the traces it keeps, or "
+            "early_stop=EarlyStop(signal='consensus'), or none")
+    # the confidence signal weighs the traces it watches itself
+    weigh_requests = weigh and per_trace is None
 
     def sampler(watch: EarlyStop | None):
-        plan = think_plan_or_none(backend, profile, think, params, watch, kv_policy)
+        plan = think_plan_or_none(backend, profile, think, params, watch, kv_policy,
+                                  weigh_requests)
         return plan, lambda m: self_consistency_program.run(
             question=question, num_samples=m, max_tokens=max_tokens, sampling=params,
-            profile=profile, plan=plan, system=system, watch=watch, backend=backend,
+            profile=profile, plan=plan, system=system, watch=watch, weigh=weigh_requests,
+            backend=backend,
         )["samples"]
 
     plan, run = sampler(per_trace)
@@ -155,7 +174,7 @@ def self_consistency(
     total.thinking_tokens = sum(x.thinking_tokens for x in samples)
     total.answer_tokens = sum(x.answer_tokens for x in samples)
     weights = None
-    if early_stop is not None and early_stop.signal == "confidence":
+    if weigh or (early_stop is not None and early_stop.signal == "confidence"):
         weights = [x.score if x.score is not None else 1.0 for x in samples]
     result = vote([x.answer for x in samples], vote_config, weights=weights)
     return ProgramResult(answer=result.answer, samples=samples, vote=result, cost=total,

@@ -29,7 +29,8 @@ from sgl_reason.backend import (
     set_request_extras,
 )
 from sgl_reason.early_stop import EarlyStop
-from sgl_reason.programs.chunked import decision_dict, generate_chunked, run_probe
+from sgl_reason.early_stop.confidence import CONFIDENCE_TOP_K, trace_confidence
+from sgl_reason.programs.chunked import decision_dict, generate_chunked, run_probe, top_logprobs
 from sgl_reason.profiles import ModelProfile, Sampling
 from sgl_reason.programs.budget import (
     THINKING_START, BudgetForcingProcessor, KVPolicy, ThinkingBudget, as_budget,
@@ -48,9 +49,12 @@ class ThinkPlan:
 
     def __init__(self, backend: ReasonBackend, profile: ModelProfile, budget: ThinkingBudget,
                  sampling: dict, early_stop: EarlyStop | None = None,
-                 kv_policy: str | KVPolicy | None = None):
+                 kv_policy: str | KVPolicy | None = None, weigh: bool = False):
         self.profile, self.budget, self.sampling = profile, budget, sampling
         self.early_stop = early_stop
+        # weigh: each request of the trace returns its top logprobs and the sample's score is
+        # its confidence (trace_confidence), for a vote weighted by confidence
+        self.logprobs = {"return_logprob": True, "top_logprobs_num": CONFIDENCE_TOP_K} if weigh else {}
         self.kv_policy = check_kv_policy(kv_policy)
         self.end_ids = backend.fixed_ids(profile.think_end)  # what budget forcing writes
         self.marker_ids = backend.fixed_ids(profile.end_marker)  # what detection matches
@@ -71,6 +75,12 @@ class ThinkPlan:
             )
         self.route = "single" if (budget.mode != "two" and single_ok) else "two"
         if early_stop is not None and early_stop.signal != "consensus":
+            if weigh:
+                raise ValueError(
+                    f"a vote weighted by confidence reads each trace's logprobs from its own "
+                    f"request, and early stop {early_stop.signal!r} splits the trace into "
+                    "chunks: use early_stop=EarlyStop(signal='confidence'), which weighs the "
+                    "traces it keeps, or no per-trace early stop")
             early_stop.check_budget(budget.thinking_tokens)
             self.route = "chunked"  # thinking in chunks, a signal watching
         self.processor = BudgetForcingProcessor.to_str() if backend.supports_logit_processor else None
@@ -87,13 +97,13 @@ class ThinkPlan:
 
 def think_plan_or_none(backend: ReasonBackend, profile: ModelProfile, budget, sampling: dict,
                        early_stop: EarlyStop | None,
-                       kv_policy: str | KVPolicy | None) -> ThinkPlan | None:
+                       kv_policy: str | KVPolicy | None, weigh: bool = False) -> ThinkPlan | None:
     """The plan of a program's ``think=`` argument (None: the program does not think)."""
     if budget is None:
         if kv_policy is not None:
             raise ValueError("kv_policy is the thinking-KV policy: pass think=<budget> as well.")
         return None
-    return ThinkPlan(backend, profile, as_budget(budget), sampling, early_stop, kv_policy)
+    return ThinkPlan(backend, profile, as_budget(budget), sampling, early_stop, kv_policy, weigh)
 
 
 def think(
@@ -219,7 +229,7 @@ def _single_request(s, plan: ThinkPlan) -> Sample:
                                    "max_answer": b.max_answer_tokens}),
     )
     s += sgl.gen("completion", max_tokens=b.thinking_tokens + len(plan.end_ids)
-                 + b.max_answer_tokens + 1, **plan.sampling)
+                 + b.max_answer_tokens + 1, **plan.sampling, **plan.logprobs)
     text, meta = finished(s, "completion")
     ids = meta.get(OUTPUT_IDS_KEY) or []
     at = find_tokens(ids, plan.marker_ids)  # the marker token, however the text around it merged
@@ -239,19 +249,28 @@ def _single_request(s, plan: ThinkPlan) -> Sample:
         answer=_answer(answer_text, _cut(meta) or answer_tokens >= b.max_answer_tokens),
         thinking_tokens=thinking_tokens, answer_tokens=max(0, answer_tokens),
         forced=forced, finish_reason=meta["finish_reason"]["type"],
+        score=_confidence(plan, [meta]),
     )
+
+
+def _confidence(plan: ThinkPlan, metas: list[dict]) -> float | None:
+    """The trace's confidence over the tokens its requests generated (``plan.logprobs``)."""
+    if not plan.logprobs:
+        return None
+    return trace_confidence([row for m in metas for row in top_logprobs(m)])
 
 
 def _two_requests(s, plan: ThinkPlan) -> Sample:
     b, profile = plan.budget, plan.profile
-    used, parts, k, forced = 0, [], 0, False
+    used, parts, k, forced, metas = 0, [], 0, False, []
     stops = _stops(profile)
     while True:
         name = f"thinking_{k}"
         mask_eos_in_thinking(s, plan)
         s += sgl.gen(name, max_tokens=b.thinking_tokens - used, stop=list(stops),  # see chunked
-                     **plan.sampling)
+                     **plan.sampling, **plan.logprobs)
         text, meta = finished(s, name)
+        metas.append(meta)
         if k == 0:
             thinking_start = meta.get("prompt_tokens")
         used += meta["completion_tokens"]
@@ -268,7 +287,7 @@ def _two_requests(s, plan: ThinkPlan) -> Sample:
         k += 1
     s += profile.think_end
     before_answer(s, plan, thinking_start)
-    s += sgl.gen("answer", max_tokens=b.max_answer_tokens, **plan.sampling)
+    s += sgl.gen("answer", max_tokens=b.max_answer_tokens, **plan.sampling, **plan.logprobs)
     answer_text, meta = finished(s, "answer")
     thinking = "".join(parts)
     return Sample(
@@ -276,6 +295,7 @@ def _two_requests(s, plan: ThinkPlan) -> Sample:
         answer_text=answer_text, answer=_answer(answer_text, _cut(meta)),
         thinking_tokens=used, answer_tokens=meta["completion_tokens"],
         forced=forced, finish_reason=meta["finish_reason"]["type"],
+        score=_confidence(plan, metas + [meta]),
     )
 
 

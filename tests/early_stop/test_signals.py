@@ -239,3 +239,21 @@ def test_bad_input_names_the_fix():
         think_then_answer(QUESTION, early_stop=EarlyStop(signal="consensus"), backend=object())
     with pytest.raises(ValueError, match="pass think="):
         self_consistency(QUESTION, early_stop=EarlyStop(signal="probe"), backend=object())
+
+
+def test_a_traces_confidence_read_at_once_is_the_signals_weight():
+    """trace_confidence (a weighted vote's score, read off one request) equals what the
+    confidence signal weighs the same tokens by, read chunk by chunk."""
+    import random
+
+    from sgl_reason.early_stop.confidence import trace_confidence
+
+    rng = random.Random(0)
+    rows = [sorted((-rng.expovariate(1.0) for _ in range(5)), reverse=True) for _ in range(150)]
+    for n in (150, 40, 32, 9):
+        signal = EarlyStop(signal="confidence", window=32).build()
+        for at in range(0, n, 7):
+            end = min(at + 7, n)
+            signal.observe(Chunk(text="", tokens_so_far=end, top_logprobs=rows[at:end]))
+        assert trace_confidence(rows[:n]) == pytest.approx(signal.weight())
+    assert trace_confidence([]) is None and trace_confidence([[-1.0, -3.0]]) == 2.0

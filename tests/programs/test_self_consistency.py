@@ -60,3 +60,54 @@ def test_composes_with_think_then_answer(runtime):
 def test_bad_n():
     with pytest.raises(ValueError, match="n must be >= 1"):
         self_consistency(QUESTION, n=0, backend=object())
+
+
+def _greedy_confidence(backend, question: str, max_tokens: int) -> float:
+    """The confidence of one plain greedy request with top-5 logprobs, written by the program's
+    own prompt code: what a weighted vote's greedy sample must score."""
+    import sglang as sgl
+
+    from sgl_reason.early_stop.confidence import trace_confidence
+    from sgl_reason.programs.chunked import top_logprobs
+    from sgl_reason.programs.common import finished, open_prompt, resolve_profile
+
+    @sgl.function
+    def one(s):
+        open_prompt(s, question, resolve_profile(backend, None))
+        s += sgl.gen("out", max_tokens=max_tokens, temperature=0, return_logprob=True,
+                     top_logprobs_num=5)
+
+    state = one.run(backend=backend)
+    return trace_confidence(top_logprobs(finished(state, "out")[1]))
+
+
+def test_a_vote_weighted_by_confidence_weighs_each_trace_by_its_logprobs(runtime):
+    """VoteConfig(weigh="confidence"): every sample scores its own request's confidence (the
+    same as a lone request's, greedy) and the vote sums those scores; nothing is dropped and no
+    request is added."""
+    from sgl_reason.vote import VoteConfig
+
+    weigh = VoteConfig(weigh="confidence")
+    result = self_consistency(QUESTION, n=2, max_tokens=24, backend=runtime.endpoint,
+                              sampling=Sampling(temperature=0), vote_config=weigh)
+    expected = _greedy_confidence(runtime.endpoint, QUESTION, 24)
+    assert expected > 0 and result.cost.requests == 3  # one prefix commit + 2 branches
+    assert [s.score for s in result.samples] == pytest.approx([expected] * 2, rel=1e-2)
+    answered = sum(s.score for s in result.samples if s.answer)
+    assert sum(result.vote.votes.values()) == pytest.approx(answered)
+    budget = ThinkingBudget(max_thinking_tokens=16, max_answer_tokens=6)
+    thought = self_consistency(QUESTION, n=3, think=budget, backend=runtime.endpoint,
+                               vote_config=weigh)
+    assert all(s.score is not None and s.score > 0 for s in thought.samples)
+    plain = self_consistency(QUESTION, n=2, max_tokens=8, backend=runtime.endpoint)
+    assert all(s.score is None for s in plain.samples)
+
+
+def test_a_vote_weighted_by_confidence_refuses_chunked_traces(runtime):
+    from sgl_reason.early_stop import EarlyStop
+    from sgl_reason.vote import VoteConfig
+
+    with pytest.raises(ValueError, match="signal='confidence'"):
+        self_consistency(QUESTION, n=2, think=ThinkingBudget(max_thinking_tokens=64),
+                         backend=runtime.endpoint, vote_config=VoteConfig(weigh="confidence"),
+                         early_stop=EarlyStop(signal="entropy"))
