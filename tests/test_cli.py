@@ -157,6 +157,8 @@ def test_bad_early_stop_names_the_choices(tmp_path, capsys):
     base = ["eval", "--program", "think_then_answer", "--data", str(data)]
     assert main([*base, "--verifier", "arithmetic"]) == 2
     assert "use --program best_of_n" in capsys.readouterr().err
+    assert main([*base, "--vote-weights", "confidence"]) == 2
+    assert "weighs self_consistency's vote" in capsys.readouterr().err
     assert main([*base, "--early-stop", "probe", "--early-stop-option", "probe_confidence=1.5"]) == 2
     assert "probe_confidence" in capsys.readouterr().err
     assert main([*base, "--early-stop", "probe", "--early-stop-option", "probe_confidence"]) == 2
