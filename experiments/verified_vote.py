@@ -9,7 +9,9 @@ kept), run on DATA or on a longer file that starts with DATA's problems (records
 not in DATA are left out; every problem of DATA must have one). For each problem of DATA:
 - one sample: the mean correctness of its N samples, the expected accuracy of one sample at the
   run's temperature (lower variance than a separate n = 1 run, same distribution);
-- vote: the run's own answer (exact vote over the N samples);
+- vote: the exact vote over the N samples (the run's own answer, unless the run weighed it);
+- weighted vote, where the run was ``--vote-weights confidence`` (every sample has a score):
+  the vote weighted by the samples' confidence, the run's own answer;
 - best-of-N, arithmetic: the sample ``pick_best`` chooses when each is scored by
   ``arithmetic_verifier``, the same choice ``best_of_n(..., verifier=arithmetic_verifier)``
   makes on these N candidates (they are drawn the same way: one shared prefill, N forks);
@@ -74,10 +76,13 @@ def main(sc_path: str, data_path: str, greedy_path: str | None = None) -> dict:
         scored = [s.model_copy(update={"score": arithmetic_verifier(r["question"], s.text)})
                   for s in samples]
         answer, drawn = consensus(samples, EarlyStop(signal="consensus"))
-        row = {"one sample": sum(right) / len(right), "vote": float(r["correct"]),
-               "best-of-N, arithmetic": float(right[pick_best(scored)]),
-               "consensus": float(problem.grade(answer)), "oracle": float(any(right)),
-               "tokens, all N": tokens(samples), "tokens, consensus": tokens(drawn)}
+        plain = vote([s.answer for s in samples]).answer
+        row = {"one sample": sum(right) / len(right), "vote": float(problem.grade(plain))}
+        if all(s.score is not None for s in samples):
+            row["weighted vote"] = float(r["correct"])
+        row |= {"best-of-N, arithmetic": float(right[pick_best(scored)]),
+                "consensus": float(problem.grade(answer)), "oracle": float(any(right)),
+                "tokens, all N": tokens(samples), "tokens, consensus": tokens(drawn)}
         if greedy:
             if r["question"] not in greedy:
                 sys.exit(f"{greedy_path} has no record of {r['question']!r}: run greedy on the "
@@ -95,6 +100,12 @@ def main(sc_path: str, data_path: str, greedy_path: str | None = None) -> dict:
         print(f"| {f} | {result[f]['problems']} | "
               + " | ".join(f"{result[f][k]:.0f}" if k.startswith("tokens") else
                            f"{result[f][k]:.3f}" for k in cols) + " |")
+    if greedy:
+        for col in ("vote", "weighted vote"):
+            if col in rows["all"]:
+                pairs = list(zip(rows["all"][col], rows["all"]["greedy"]))
+                print(f"{col} against greedy: {sum(a > g for a, g in pairs)} problems won, "
+                      f"{sum(a < g for a, g in pairs)} lost")
     print(json.dumps(result))
     return result
 
