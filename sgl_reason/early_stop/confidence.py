@@ -34,7 +34,7 @@ class ConfidenceSignal(Signal):
 
     def _update(self, chunk: Chunk) -> None:
         before = len(self.tokens)
-        self.tokens.extend(-sum(lps) / len(lps) for lps in chunk.top_logprobs if lps)
+        self.tokens.extend(token_confidences(chunk.top_logprobs))
         w = self.config.window
         if len(self.tokens) < w:  # shorter than one group: the mean so far
             self.lowest = sum(self.tokens) / len(self.tokens) if self.tokens else None
@@ -61,6 +61,22 @@ class ConfidenceSignal(Signal):
 
 # what a trace weighed by confidence without early stop is read with: EarlyStop's defaults
 CONFIDENCE_TOP_K, CONFIDENCE_WINDOW = 5, 32
+# Under this a logprob is a masked token's: the server reports -inf as float32's lowest
+# (-3.4e38), and a token that a logit processor forced (budget forcing's marker, an answer's
+# last EOS) has one real logprob (0.0) beside masked ones.
+MASKED_LOGPROB = -1e4
+
+
+def token_confidences(top_logprobs: list[list[float]]) -> list[float]:
+    """Per token, minus the mean of its top logprobs; a token forced by a logit processor is
+    left out: it is the processor's choice, not the model's (with its masked neighbours'
+    -3.4e38 it read as a confidence of 2.7e38, and the window sums lost every other digit)."""
+    out = []
+    for lps in top_logprobs:
+        real = [x for x in lps if x > MASKED_LOGPROB]
+        if len(real) > 1:
+            out.append(-sum(real) / len(real))
+    return out
 
 
 def trace_confidence(top_logprobs: list[list[float]],
@@ -68,7 +84,7 @@ def trace_confidence(top_logprobs: list[list[float]],
     """A finished trace's lowest mean token confidence over ``window`` consecutive tokens (its
     mean where it is shorter): what :class:`ConfidenceSignal` weighs it by after reading the
     same tokens. None when no token has logprobs."""
-    conf = [-sum(lps) / len(lps) for lps in top_logprobs if lps]
+    conf = token_confidences(top_logprobs)
     if len(conf) < window:
         return sum(conf) / len(conf) if conf else None
     group = sum(conf[:window])

@@ -257,3 +257,10 @@ def test_a_traces_confidence_read_at_once_is_the_signals_weight():
             signal.observe(Chunk(text="", tokens_so_far=end, top_logprobs=rows[at:end]))
         assert trace_confidence(rows[:n]) == pytest.approx(signal.weight())
     assert trace_confidence([]) is None and trace_confidence([[-1.0, -3.0]]) == 2.0
+    # a token a logit processor forced (one real logprob, the rest masked: float32's lowest,
+    # as the server reports -inf) is the processor's choice, not the model's: left out
+    forced = [0.0] + [-3.4028234663852886e38] * 4
+    assert trace_confidence(rows[:40] + [forced] * 3) == pytest.approx(trace_confidence(rows[:40]))
+    signal = EarlyStop(signal="confidence", window=32).build()
+    signal.observe(Chunk(text="", tokens_so_far=43, top_logprobs=rows[:40] + [forced] * 3))
+    assert signal.weight() == pytest.approx(trace_confidence(rows[:40]))

@@ -98,7 +98,10 @@ def test_a_vote_weighted_by_confidence_weighs_each_trace_by_its_logprobs(runtime
     budget = ThinkingBudget(max_thinking_tokens=16, max_answer_tokens=6)
     thought = self_consistency(QUESTION, n=3, think=budget, backend=runtime.endpoint,
                                vote_config=weigh)
-    assert all(s.score is not None and s.score > 0 for s in thought.samples)
+    # SmolLM2 never closes its thinking: every branch is forced at the budget, and the forced
+    # tokens (masked but for one) are left out of its confidence
+    assert all(s.forced for s in thought.samples)
+    assert all(s.score is not None and 0 < s.score < 100 for s in thought.samples)
     plain = self_consistency(QUESTION, n=2, max_tokens=8, backend=runtime.endpoint)
     assert all(s.score is None for s in plain.samples)
 
