@@ -267,8 +267,9 @@ def test_a_batch_of_long_traces_holds_fewer_of_them():
 
 def test_a_problem_is_worked_in_several_ways_named_in_the_plan():
     """v8: samples of one problem should take different paths, so that one path's systematic
-    error is outvoted. A flat chain sums its terms in one of three orders; other expressions
-    put a product's first or second number on top. Every way reaches the gold answer."""
+    error is outvoted. A flat chain is summed from its left or (v10) its right end, never
+    copied in a new order; other expressions put a product's first or second number on top.
+    Every way reaches the gold answer."""
     entry = {"question": "q", "answer": "160", "metadata": {"expression": "74 + 50 - 47 + 83"}}
     seen = {}
     for seed in range(40):
@@ -276,22 +277,18 @@ def test_a_problem_is_worked_in_several_ways_named_in_the_plan():
         seen[t.thinking.splitlines()[0]] = t.thinking
     assert sorted(seen) == sorted(f"Plan: {o}, one operation a step, then check each step "
                                   "backwards." for o in ORDERS.values())
-    last = seen["Plan: from the last term to the first, one operation a step, then check each "
-                "step backwards."]
-    assert ("\nTerms: 1) + 74, 2) + 50, 3) - 47, 4) + 83; from the last: 4) + 83, 3) - 47, "
-            "2) + 50, 1) + 74: 83 - 47 + 50 + 74\nStep 1: 83 - 47.") in last
-    added = seen["Plan: the added terms first, then the subtracted ones, one operation a step, "
-                 "then check each step backwards."]
-    assert ("; added first: 1) + 74, 2) + 50, 4) + 83, 3) - 47: 74 + 50 + 83 - 47\nStep 1: "
-            "74 + 50.") in added
-    # a subtracted first term changes sign when it moves to the front; minus a negative stays
+    right = seen["Plan: right to left, the last two terms first, one operation a step, then "
+                 "check each step backwards."]
+    assert "Terms:" not in right
+    assert ("\nStep 1: -47 + 83. -47+83 is 83-47: ") in right
+    assert "\nNow: in 74 + 50 - 47 + 83, - 47 + 83 is + 36: 74 + 50 + 36\nStep 2: 50 + 36." in right
+    assert "\nNow: in 74 + 50 + 36, + 50 + 36 is + 86: 74 + 86\nStep 3: 74 + 86." in right
+    # a subtracted negative term keeps its sign: - -1 + -7 is 1 + -7, so - 6
     entry = {"question": "q", "answer": "-4", "metadata": {"expression": "2 + 0 - -1 + -7"}}
-    ways = {trace_for("basic_arithmetic", entry, random.Random(s)).thinking.split("\nStep 1")[0]
+    ways = {trace_for("basic_arithmetic", entry, random.Random(s)).thinking
             for s in range(40)}
-    assert any(w.endswith("from the last: 4) + -7, 3) - -1, 2) + 0, 1) + 2: -7 - -1 + 0 + 2")
-               for w in ways)
-    assert any(w.endswith("added first: 1) + 2, 2) + 0, 4) + -7, 3) - -1: 2 + 0 + -7 - -1")
-               for w in ways)
+    assert any("Step 1: 1 + -7." in w and "- -1 + -7 is - 6: 2 + 0 - 6\n" in w for w in ways)
+    assert any(w.startswith("Plan: left to right") for w in ways)
     # a product: the first number times the second's digits, or the other way round
     assert arith.work(94, "*", 28).text.startswith("94*8:")
     second = arith.work(94, "*", 28, second_on_top=True)
@@ -306,7 +303,7 @@ def test_a_problem_is_worked_in_several_ways_named_in_the_plan():
 
 def test_the_most_reliable_chain_way_is_the_most_frequent():
     """v9: greedy takes the way whose plan token is likeliest, so the way it should take (left
-    to right) is trained most often; the other two still come up, for samples to explore."""
+    to right) is trained most often; the other still comes up, for samples to explore."""
     from collections import Counter
 
     entry = {"question": "q", "answer": "160", "metadata": {"expression": "74 + 50 - 47 + 83"}}
