@@ -2,7 +2,7 @@
 verifier, consensus early stop, greedy, and the oracle (issue #16's self-consistency bar;
 best-of-N's verifier; issue #19's early-stopped self-consistency bar).
 
-    .venv/bin/python experiments/verified_vote.py SC_RECORDS.jsonl DATA.jsonl [GREEDY_RECORDS.jsonl]
+    .venv/bin/python experiments/verified_vote.py SC_RECORDS.jsonl DATA.jsonl [GREEDY_RECORDS.jsonl] [--partial]
 
 SC_RECORDS: ``sgl-reason eval --program self_consistency --n N`` records (every sample's text is
 kept), run on DATA or on a longer file that starts with DATA's problems (records of problems
@@ -22,6 +22,8 @@ not in DATA are left out; every problem of DATA must have one). For each problem
   decoded per problem, all N against the windows consensus draws;
 - oracle: some sample is right (pass@N);
 - greedy: GREEDY_RECORDS' answer to the same problem, where given.
+``--partial``: read a run stopped before its end: only DATA's problems that have a record
+(how many are left out is printed first).
 Every sample is regraded with DATA's grader. Prints a table per family and a JSON line.
 """
 
@@ -55,7 +57,8 @@ def tokens(samples: list[Sample]) -> float:
     return float(sum(x.thinking_tokens + x.answer_tokens for x in samples))
 
 
-def main(sc_path: str, data_path: str, greedy_path: str | None = None) -> dict:
+def main(sc_path: str, data_path: str, greedy_path: str | None = None,
+         partial: bool = False) -> dict:
     problems = {p.id: p for p in load(data_path)}
     greedy = {}
     if greedy_path:
@@ -66,7 +69,11 @@ def main(sc_path: str, data_path: str, greedy_path: str | None = None) -> dict:
         r = json.loads(line)
         if r["id"] in problems and problems[r["id"]].question == r["question"]:
             records[r["id"]] = r
-    if missing := [i for i in problems if i not in records]:
+    missing = [i for i in problems if i not in records]
+    if missing and partial:
+        print(f"partial: {len(records)} of {len(problems)} problems have a record; "
+              f"{len(missing)} left out (ids {missing[:5]}...)")
+    elif missing:
         sys.exit(f"{sc_path} has no record of {len(missing)} problems of {data_path} "
                  f"(ids {missing[:5]}...): rerun the eval, it resumes")
     for r in records.values():
@@ -111,6 +118,7 @@ def main(sc_path: str, data_path: str, greedy_path: str | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) not in (3, 4):
+    args = [a for a in sys.argv[1:] if a != "--partial"]
+    if len(args) not in (2, 3):
         sys.exit(__doc__)
-    main(*sys.argv[1:])
+    main(*args, partial="--partial" in sys.argv[1:])
