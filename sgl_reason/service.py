@@ -216,6 +216,12 @@ class Service:
             vote = VoteConfig(**req.vote) if req.vote is not None else None
         except (ValueError, TypeError) as error:
             raise ServiceError(400, f"vote: {_first_line(error)}", "vote") from None
+        if (vote is not None and vote.weigh == "confidence" and early is not None
+                and early.signal not in ("confidence", "consensus")):
+            raise ServiceError(400, f"vote weigh=confidence reads each sample's logprobs from "
+                               f"its own request, and early_stop {early.signal!r} splits it "
+                               "into chunks: use early_stop confidence or consensus, or none",
+                               "vote")
         sampling = None
         if req.temperature is not None or req.top_p is not None:
             base = self.profile.sampling

@@ -179,6 +179,8 @@ def test_a_client_that_leaves_mid_stream_frees_the_servers_kv(gateway, client):
     ({"early_stop": {"signal": "probe", "chunk": 8}}, 400, "early_stop"),
     ({"early_stop": {"signal": "consensus"}}, 400, "n > 1"),
     ({"vote": {"method": "loudest"}}, 400, "vote"),
+    ({"n": 2, "vote": {"weigh": "confidence"}, "early_stop": {"signal": "entropy"}}, 400,
+     "use early_stop confidence or consensus"),
     ({"n": 2, "stream": True}, 400, "stream with n > 1"),
     ({"messages": [{"role": "assistant", "content": "hi"}]}, 400, "last message"),
     ({"messages": [{"role": "tool", "content": "x"}]}, 400, "role 'tool'"),
