@@ -2,7 +2,8 @@
 verifier, consensus early stop, greedy, and the oracle (issue #16's self-consistency bar;
 best-of-N's verifier; issue #19's early-stopped self-consistency bar).
 
-    .venv/bin/python experiments/verified_vote.py SC_RECORDS.jsonl DATA.jsonl [GREEDY_RECORDS.jsonl] [--partial]
+    .venv/bin/python experiments/verified_vote.py SC_RECORDS.jsonl DATA.jsonl \
+        [GREEDY_RECORDS.jsonl] [--partial]
 
 SC_RECORDS: ``sgl-reason eval --program self_consistency --n N`` records (every sample's text is
 kept), run on DATA or on a longer file that starts with DATA's problems (records of problems

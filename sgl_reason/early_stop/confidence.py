@@ -61,6 +61,8 @@ class ConfidenceSignal(Signal):
 
 # what a trace weighed by confidence without early stop is read with: EarlyStop's defaults
 CONFIDENCE_TOP_K, CONFIDENCE_WINDOW = 5, 32
+# the gen arguments whose reply carries what trace_confidence reads
+CONFIDENCE_REQUEST = {"return_logprob": True, "top_logprobs_num": CONFIDENCE_TOP_K}
 # Under this a logprob is a masked token's: the server reports -inf as float32's lowest
 # (-3.4e38), and a token that a logit processor forced (budget forcing's marker, an answer's
 # last EOS) has one real logprob (0.0) beside masked ones.

@@ -17,7 +17,9 @@ import sglang as sgl
 
 from sgl_reason.backend import ReasonBackend
 from sgl_reason.early_stop import EarlyStop
-from sgl_reason.early_stop.confidence import CONFIDENCE_TOP_K, trace_confidence, warmup_threshold
+from sgl_reason.early_stop.confidence import (
+    CONFIDENCE_REQUEST, trace_confidence, warmup_threshold,
+)
 from sgl_reason.programs.chunked import decision_dict, generate_chunked, top_logprobs
 from sgl_reason.profiles import ModelProfile, Sampling
 from sgl_reason.programs.budget import KVPolicy, ThinkingBudget
@@ -75,7 +77,7 @@ def _samples(branches, plan, max_tokens, sampling, watch, weigh) -> list[Sample]
             return list(pool.map(
                 lambda b: _direct_watched(b, max_tokens, sampling, watch), branches))
     if plan is None:
-        logprobs = {"return_logprob": True, "top_logprobs_num": CONFIDENCE_TOP_K} if weigh else {}
+        logprobs = dict(CONFIDENCE_REQUEST) if weigh else {}
         for branch in branches:  # gen is asynchronous: all n requests are in flight at once
             branch += sgl.gen("completion", max_tokens=max_tokens, **sampling, **logprobs)
         return [collect_direct(b, weigh) for b in branches]

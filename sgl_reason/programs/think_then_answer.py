@@ -29,7 +29,7 @@ from sgl_reason.backend import (
     set_request_extras,
 )
 from sgl_reason.early_stop import EarlyStop
-from sgl_reason.early_stop.confidence import CONFIDENCE_TOP_K, trace_confidence
+from sgl_reason.early_stop.confidence import CONFIDENCE_REQUEST, trace_confidence
 from sgl_reason.programs.chunked import decision_dict, generate_chunked, run_probe, top_logprobs
 from sgl_reason.profiles import ModelProfile, Sampling
 from sgl_reason.programs.budget import (
@@ -54,7 +54,7 @@ class ThinkPlan:
         self.early_stop = early_stop
         # weigh: each request of the trace returns its top logprobs and the sample's score is
         # its confidence (trace_confidence), for a vote weighted by confidence
-        self.logprobs = {"return_logprob": True, "top_logprobs_num": CONFIDENCE_TOP_K} if weigh else {}
+        self.logprobs = dict(CONFIDENCE_REQUEST) if weigh else {}
         self.kv_policy = check_kv_policy(kv_policy)
         self.end_ids = backend.fixed_ids(profile.think_end)  # what budget forcing writes
         self.marker_ids = backend.fixed_ids(profile.end_marker)  # what detection matches
