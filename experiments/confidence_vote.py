@@ -8,7 +8,7 @@ MODEL_DIR (the merged folder that drew it) after the reasoner's prompt. Per gene
 confidence = minus the mean of the top-5 logprobs of softmax(logits / temperature), the
 distribution SGLang returns logprobs from at that temperature. Per sample: its lowest mean
 over a sliding group of 32 tokens, exactly ``EarlyStop(signal="confidence")``'s weight
-(``sgl_reason/early_stop/confidence.py``; top_k 5, window 32). The rule replayed, fixed before
+(``trace_confidence``; top_k 5, window 32). The rule replayed, fixed before
 the run (lab notes, experiments/README.md): every sample kept, each votes with that weight;
 the answer with the largest summed weight wins. Printed beside the plain vote, one sample
 and greedy, per family.
@@ -26,21 +26,9 @@ from collections import defaultdict
 import torch
 
 from sgl_reason.data import load
+from sgl_reason.early_stop.confidence import CONFIDENCE_TOP_K, trace_confidence
 from sgl_reason.reasoner.train import chat_prompt
 from sgl_reason.vote import normalize_answer, vote
-
-TOP_K, WINDOW = 5, 32
-
-
-def lowest_group(conf: list[float], window: int = WINDOW) -> float:
-    if len(conf) < window:
-        return sum(conf) / len(conf)
-    run = sum(conf[:window])
-    low = run
-    for i in range(window, len(conf)):
-        run += conf[i] - conf[i - window]
-        low = min(low, run)
-    return low / window
 
 
 @torch.inference_mode()
@@ -50,8 +38,8 @@ def score(model, tok, question: str, texts: list[str], temperature: float) -> li
     for text in texts:
         ids = prompt + tok(text, add_special_tokens=False)["input_ids"]
         logits = model(torch.tensor([ids])).logits[0, len(prompt) - 1:-1].float()
-        top = torch.log_softmax(logits / temperature, -1).topk(TOP_K, -1).values
-        weights.append(lowest_group((-top.mean(-1)).tolist()))
+        top = torch.log_softmax(logits / temperature, -1).topk(CONFIDENCE_TOP_K, -1).values
+        weights.append(trace_confidence(top.tolist()))
     return weights
 
 
