@@ -8,7 +8,8 @@ problem, finds the first place in its thinking where something written is false:
 - a *fact*: ``a op b = c`` with op ``+ - *`` (and v3's ``a*b+c = d``), classified by the line
   it is on: a ``Check:`` line (the steps were right on what they read, so the expression was
   rewritten wrongly), or by its operator;
-- v5's *rewrite* (``Now: in X, Y is v: Z`` where Z is not X with Y replaced by v) and *read-out*
+- v5's *rewrite* (``Now: in X, Y is v: Z`` where Z is not X with Y replaced by v; v10: v may be
+  a signed term, ``- 47 + 83 is + 36``, replacing the chain's last pair) and *read-out*
   (``Read hundreds 7, tens 5, ones 2. So 94*8=752`` where the digits read are not the number
   after it, or not the digits its columns wrote);
 - v8's *reorder* (``Terms: ...: 83 - 47 + 50 + 74``, a chain whose signed terms are not the
@@ -36,7 +37,8 @@ ORDER = {"<": operator.lt, ">": operator.gt, "=": operator.eq}
 FAMILIES = ("chain_sum", "basic_arithmetic")
 
 
-REWRITE = re.compile(r"^Now: in (.+?), (.+?) is (-?\d+): (.+)$", re.M)
+# v10's right-to-left steps replace a chain's last two signed terms: "- 47 + 83 is + 36"
+REWRITE = re.compile(r"^Now: in (.+?), (.+?) is (-?\d+|[+-] \d+): (.+)$", re.M)
 READ = re.compile(r"[Rr]ead ((?:[a-z-]+ \d(?:, )?)+)(?:; (?:[a-z-]+ 0(?:, )?)+ dropped)?"  # v7
                   r"[.,] [Ss]o (?:\S+=)?(-?\d+)")
 COLUMN = re.compile(r"([a-z-]+) [^;.]*?=(\d+)(?:, (\d) carry \d+)?(?=[;.]|$)"  # a column's fact
@@ -49,7 +51,12 @@ def _rewrite_errors(thinking: str) -> list[int]:
     out = []
     for m in REWRITE.finditer(thinking):
         before, replaced, value, after = (m[i].strip() for i in range(1, 5))
-        want = " ".join(_drop_single_parens(_tokens(before.replace(replaced, value, 1))))
+        if value[0] in "+-" and value[1:2] == " ":  # a signed term: the last pair is replaced
+            head, _, tail = before.rpartition(replaced)
+            swapped = head + value + tail
+        else:
+            swapped = before.replace(replaced, value, 1)
+        want = " ".join(_drop_single_parens(_tokens(swapped)))
         if replaced not in before or want != " ".join(_tokens(after)):
             out.append(m.start())
     return out
