@@ -53,7 +53,8 @@ class ThinkPlan:
         self.profile, self.budget, self.sampling = profile, budget, sampling
         self.early_stop = early_stop
         # weigh: each request of the trace returns its top logprobs and the sample's score is
-        # its confidence (trace_confidence), for a vote weighted by confidence
+        # its confidence (trace_confidence), for a vote weighted by confidence; the single and
+        # two-request routes only (self_consistency refuses it beside a chunking early stop)
         self.logprobs = dict(CONFIDENCE_REQUEST) if weigh else {}
         self.kv_policy = check_kv_policy(kv_policy)
         self.end_ids = backend.fixed_ids(profile.think_end)  # what budget forcing writes
@@ -75,12 +76,6 @@ class ThinkPlan:
             )
         self.route = "single" if (budget.mode != "two" and single_ok) else "two"
         if early_stop is not None and early_stop.signal != "consensus":
-            if weigh:
-                raise ValueError(
-                    f"a vote weighted by confidence reads each trace's logprobs from its own "
-                    f"request, and early stop {early_stop.signal!r} splits the trace into "
-                    "chunks: use early_stop=EarlyStop(signal='confidence'), which weighs the "
-                    "traces it keeps, or no per-trace early stop")
             early_stop.check_budget(budget.thinking_tokens)
             self.route = "chunked"  # thinking in chunks, a signal watching
         self.processor = BudgetForcingProcessor.to_str() if backend.supports_logit_processor else None

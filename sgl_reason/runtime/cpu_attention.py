@@ -196,7 +196,7 @@ def shared_prefix_decode(query, k_cache, v_cache, plan: DecodePlan, scale: float
         rows = rows.transpose(0, 1).unsqueeze(0)
         return rows, None if row_scale is None else row_scale.transpose(0, 1).unsqueeze(0)
 
-    if plan.buckets is None or plan.window is not None or plan.scoring is not None:
+    if plan.buckets is None:  # a plan with a window or scoring has none (plan_decode_batch)
         (ks, k_scale), (vs, v_scale) = (_suffix_rows(cache, plan.suffix_slots, suffix_reads)
                                         for cache in (k_cache, v_cache))
         out, m, l, e = _partial(q, ks, vs, scale, plan.suffix_mask, k_scale, v_scale)
