@@ -93,16 +93,24 @@ DECISION = re.compile(r"[0-9<>]|borrow|carry|right|wrong|same|Wait")
 # there taught v4 that a pair's sign is rarely ``=``, and 6 of its 9 wrong chain_sum traces
 # wrote ``9>9`` or ``0<0``
 PAIR_SIGN = re.compile(r"(-?\d) and (-?\d): -?\d([=<>])")
+# the plan line names a way drawn at random (``traces.ORDER_WEIGHTS``): no way is a decision to
+# get right, so its tokens weigh 1 and the model learns the drawn shares. v10 weighted the
+# ``right`` of "right to left" three times over ``left`` and learned the right way 0.66 at the
+# plan's first token (3 x 0.38 / (3 x 0.38 + 0.62) = 0.64) where 0.38 of its flat chains were
+# drawn that way: greedy took it on every chain
+PLAN = re.compile(r"^Plan:.*$", re.MULTILINE)
 
 
 def _decision_chars(text: str) -> list[bool]:
     """Per character of ``text``: does it carry a decision (:data:`DECISION`,
-    :data:`PAIR_SIGN`)."""
+    :data:`PAIR_SIGN`; never on the :data:`PLAN` line)."""
     marked = [False] * len(text)
     for m in DECISION.finditer(text):
         marked[m.start():m.end()] = [True] * (m.end() - m.start())
     for m in PAIR_SIGN.finditer(text):
         marked[m.start(3)] = True
+    for m in PLAN.finditer(text):
+        marked[m.start():m.end()] = [False] * (m.end() - m.start())
     return marked
 
 

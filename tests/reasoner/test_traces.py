@@ -149,6 +149,20 @@ def test_a_pair_sign_weighs_as_a_decision_whichever_it_is():
     assert not marked[text.index("7-7=") + 3]
 
 
+def test_no_way_of_a_plan_weighs_more_than_another():
+    """v10 weighted the ``right`` of "right to left" as a check's verdict, three times over
+    ``left``, and its greedy took the way drawn for 38% of the chains on every chain."""
+    from sgl_reason.reasoner.train import _decision_chars
+
+    for way in ORDERS.values():
+        plan = f"Plan: {way}, one operation a step, then check each step backwards."
+        text = f"{plan}\nStart: 7 + 5 - 3\nCheck: 12 - 5 = 7, right."
+        marked = _decision_chars(text)
+        assert not any(marked[:len(plan)])
+        verdict = text.rindex("right")
+        assert all(marked[verdict:verdict + len("right")])  # a check's verdict still weighs
+
+
 def test_held_out_questions_are_never_trained_on():
     held = {e["question"] for e in dataset("chain_sum", 20, seed=7_200_000)}
     traces = make_traces({"chain_sum": 20}, seed=7_200_000, exclude=held)
