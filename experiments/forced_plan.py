@@ -9,9 +9,10 @@ after ``Plan:`` (top-5 logprobs at temperature 1): greedy takes the likelier way
 meant these to match ``traces.ORDER_WEIGHTS``. It prints their mean and how many problems each
 way wins.
 
-Greedy takes one way only, so a greedy run measures one way. This script then writes each problem's
-prompt, the opened thinking and a plan line naming one way (``traces.ORDERS``), then lets the
-served model go on greedily (thinking budget 1,536, answer 192 tokens in all), once per way. It
+Greedy takes one way only, so a greedy run measures one way. This script then writes each
+problem's prompt, the opened thinking and a plan line naming one way (``traces.ORDERS``), and
+lets the served model go on greedily (up to 1,536 + 192 new tokens, no budget forcing), once
+per way. It
 prints per way: accuracy, and per problem pair whether the ways fail apart (one right, the
 other wrong), which is what a vote over the ways can gain from. Records (one per problem and
 way) go to OUT.jsonl.
