@@ -29,12 +29,8 @@ import requests
 
 from sgl_reason.data import load
 from sgl_reason.reasoner.train import chat_prompt
-from sgl_reason.reasoner.traces import ORDERS, THINK_END
+from sgl_reason.reasoner.traces import ORDERS, THINK_END, chain_plan
 from sgl_reason.vote.extract import extract_answer
-
-
-def plan_line(way: str) -> str:
-    return f"Plan: {ORDERS[way]}, one operation a step, then check each step backwards.\n"
 
 
 def first_token_odds(url: str, problem) -> dict[str, float]:
@@ -49,7 +45,7 @@ def first_token_odds(url: str, problem) -> dict[str, float]:
 
 
 def run_one(url: str, problem, way: str) -> dict:
-    prefix = plan_line(way)
+    prefix = chain_plan(way) + "\n"
     out = requests.post(f"{url}/generate", timeout=1800, json={
         "text": chat_prompt(problem.question) + prefix,
         "sampling_params": {"max_new_tokens": 1536 + 192, "temperature": 0}}).json()

@@ -184,6 +184,11 @@ ORDERS = {
 ORDER_WEIGHTS = {"left": 0.6, "right": 0.4}
 
 
+def chain_plan(order: str) -> str:
+    """A flat chain's plan line, naming its way (a key of :data:`ORDERS`)."""
+    return f"Plan: {ORDERS[order]}, one operation a step, then check each step backwards."
+
+
 def _terms(toks: list[str]) -> list[tuple[str, str]]:
     """A flat chain (no brackets, no ``*``) as (sign, number) pairs; the first term is added."""
     return [("+", toks[0])] + [(toks[i], toks[i + 1]) for i in range(1, len(toks), 2)]
@@ -222,8 +227,7 @@ def _expression_trace(family: str, question: str, expression: str, gold: str,
     lines, on_top, order = [], False, "left"
     if "(" not in toks and "*" not in toks and len(toks) > 3:  # a flat chain of 3+ terms
         order = rng.choices(list(ORDER_WEIGHTS), weights=list(ORDER_WEIGHTS.values()))[0]
-        lines += [f"Plan: {ORDERS[order]}, one operation a step, then check each step backwards.",
-                  f"Start: {' '.join(toks)}"]
+        lines += [chain_plan(order), f"Start: {' '.join(toks)}"]
     else:
         on_top = rng.random() < 0.5
         lines += [f"Plan: inner brackets first, * before + and -, one operation a step, a "

@@ -9,8 +9,8 @@ import pytest
 
 from sgl_reason.reasoner import arith
 from sgl_reason.reasoner.traces import (
-    FAMILIES, HELD_OUT_SEED, MAX_SEED, ORDER_WEIGHTS, ORDERS, THINK_END, THINK_START, dataset,
-    family_seeds, make_traces, trace_for,
+    FAMILIES, HELD_OUT_SEED, MAX_SEED, ORDER_WEIGHTS, ORDERS, THINK_END, THINK_START, chain_plan,
+    dataset, family_seeds, make_traces, trace_for,
 )
 from sgl_reason.vote import extract_answer
 
@@ -154,8 +154,8 @@ def test_no_way_of_a_plan_weighs_more_than_another():
     ``left``, and its greedy took the way drawn for 38% of the chains on every chain."""
     from sgl_reason.reasoner.train import _decision_chars
 
-    for way in ORDERS.values():
-        plan = f"Plan: {way}, one operation a step, then check each step backwards."
+    for way in ORDERS:
+        plan = chain_plan(way)
         text = f"{plan}\nStart: 7 + 5 - 3\nCheck: 12 - 5 = 7, right."
         marked = _decision_chars(text)
         assert not any(marked[:len(plan)])
