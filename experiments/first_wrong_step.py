@@ -16,6 +16,7 @@ problem, finds the first place in its thinking where something written is false:
   ``Start:`` chain's).
 
     .venv/bin/python experiments/first_wrong_step.py results/reasoner-v4/reasoner_greedy.jsonl
+    .venv/bin/python experiments/first_wrong_step.py --samples DATA.jsonl SC_RECORDS.jsonl
 
 Prints, per file, the count of each (family, first error) pair. The rule reads text only: a
 wrong step the trace never writes as a fact (a dropped operand) counts as ``neither`` unless
@@ -118,15 +119,25 @@ def first_error(thinking: str) -> str:
     return "order sign" if signs else "neither"
 
 
-def main(paths: list[str]) -> None:
-    for path in paths:
+def main(args: list[str]) -> None:
+    """``PATH...``: each wrong record's first sample (greedy runs). ``--samples DATA PATH...``:
+    every wrong sample of self-consistency records, each regraded with DATA's grader."""
+    problems = None
+    if args[:1] == ["--samples"]:
+        from sgl_reason.data import load
+        problems, args = {p.id: p for p in load(args[1])}, args[2:]
+    for path in args:
         counts: collections.Counter = collections.Counter()
         for line in open(path):
             r = json.loads(line)
-            if r["correct"] or r["family"] not in FAMILIES:
+            if r["family"] not in FAMILIES:
                 continue
-            thinking = r["samples"][0]["text"].split("</think>")[0]
-            counts[(r["family"], first_error(thinking))] += 1
+            if problems is None:
+                wrong = [] if r["correct"] else r["samples"][:1]
+            else:
+                wrong = [x for x in r["samples"] if not problems[r["id"]].grade(x["answer"])]
+            for sample in wrong:
+                counts[(r["family"], first_error(sample["text"].split("</think>")[0]))] += 1
         print(path)
         for key, n in sorted(counts.items()):
             print(f"  {key[0]:17} {key[1]:24} {n}")
