@@ -275,17 +275,22 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         from sgl_reason.vote import VoteConfig
 
         early["vote_config"] = VoteConfig(weigh=args.vote_weights)
+    if args.min_p is not None and (args.temperature is None or not 0 <= args.min_p <= 1):
+        print("sgl-reason: error: --min-p takes a share from 0 to 1 and needs --temperature "
+              "(the sampling it trims)", file=sys.stderr)
+        return 2
     if args.temperature is not None:
         from sgl_reason.profiles import Sampling
 
-        early["sampling"] = Sampling(temperature=args.temperature)
+        early["sampling"] = Sampling(temperature=args.temperature, min_p=args.min_p or 0.0)
     # the model: the embedded server's name, or the folder the server at --url reports
     info = {"program": args.program, "model": args.url or args.model or "smollm2",
             "data": args.data,
             "n": None if args.program == "think_then_answer" else args.n,
             "budget": think.thinking_tokens if think is not None else None,
             "early_stop": args.early_stop, "verifier": args.verifier,
-            "vote_weights": args.vote_weights}
+            "vote_weights": args.vote_weights, "temperature": args.temperature,
+            "min_p": args.min_p}
     if problems and not evaluate.pending(problems, out):
         print(f"every problem already has a record in {out}: nothing to run, no server "
               "started (delete the file to run again)", file=sys.stderr)
@@ -473,6 +478,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="only problems whose 'family' field is one of these")
     p.add_argument("--temperature", type=float, default=None,
                    help="sampling temperature (0: greedy; default: the model profile's)")
+    p.add_argument("--min-p", type=float, default=None, metavar="P",
+                   help="with --temperature: sample only tokens at least P times as likely as "
+                   "the likeliest (min-p; default 0, off)")
     p.add_argument("--url", default=None, help="a running server (default: start one)")
     p.add_argument("--server-arg", action="append", default=[],
                    help="extra sglang.launch_server flag for the embedded server (repeatable)")

@@ -18,6 +18,10 @@ class Sampling(BaseModel):
     temperature: float = Field(0.6, ge=0)
     top_p: float = Field(0.95, gt=0, le=1)
     top_k: int = -1
+    # Keep only tokens at least this share of the likeliest one's probability (min-p sampling;
+    # 0 turns it off). It cuts the unlikely tail, such as a wrong digit in a copied number,
+    # and keeps near-even choices, such as which way to work a problem.
+    min_p: float = Field(0.0, ge=0, le=1)
     # Generate to the token limit regardless of EOS (benchmarks that need equal lengths).
     ignore_eos: bool = False
 

@@ -97,6 +97,7 @@ class ChatRequest(BaseModel):
     stream: bool = False
     temperature: float | None = Field(None, ge=0)
     top_p: float | None = Field(None, gt=0, le=1)
+    min_p: float | None = Field(None, ge=0, le=1)
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     reasoning_effort: Literal["low", "medium", "high"] | None = None
@@ -223,11 +224,10 @@ class Service:
                                "into chunks: use early_stop confidence or consensus, or none",
                                "vote")
         sampling = None
-        if req.temperature is not None or req.top_p is not None:
-            base = self.profile.sampling
-            sampling = base.model_copy(update={
-                k: v for k, v in (("temperature", req.temperature), ("top_p", req.top_p))
-                if v is not None})
+        asked = {k: v for k, v in (("temperature", req.temperature), ("top_p", req.top_p),
+                                   ("min_p", req.min_p)) if v is not None}
+        if asked:
+            sampling = self.profile.sampling.model_copy(update=asked)
         return Job(messages=messages, n=req.n, stream=req.stream, tier=tier,
                    budget=ThinkingBudget(max_thinking_tokens=budget, max_answer_tokens=answer),
                    sampling=sampling, early_stop=early, kv_policy=policy, vote=vote)

@@ -159,6 +159,10 @@ def test_bad_early_stop_names_the_choices(tmp_path, capsys):
     assert "use --program best_of_n" in capsys.readouterr().err
     assert main([*base, "--vote-weights", "confidence"]) == 2
     assert "weighs self_consistency's vote" in capsys.readouterr().err
+    assert main([*base, "--min-p", "0.1"]) == 2
+    assert "needs --temperature" in capsys.readouterr().err
+    assert main([*base, "--temperature", "0.7", "--min-p", "1.5"]) == 2
+    assert "from 0 to 1" in capsys.readouterr().err
     assert main([*base, "--early-stop", "probe", "--early-stop-option", "probe_confidence=1.5"]) == 2
     assert "probe_confidence" in capsys.readouterr().err
     assert main([*base, "--early-stop", "probe", "--early-stop-option", "probe_confidence"]) == 2

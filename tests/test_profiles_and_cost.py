@@ -7,7 +7,8 @@ import threading
 import pytest
 
 from sgl_reason.cost import Cost, CostRecorder
-from sgl_reason.profiles import PROFILES, get_profile, profile_for
+from sgl_reason.profiles import PROFILES, Sampling, get_profile, profile_for
+from sgl_reason.programs.common import sampling_kwargs
 
 
 @pytest.mark.parametrize("name,expected", [
@@ -28,6 +29,15 @@ def test_unknown_profile_lists_choices():
 def test_every_profile_has_markers():
     for p in PROFILES.values():
         assert p.think_end.strip() and p.think_start
+
+
+def test_min_p_reaches_the_request_only_when_set():
+    profile = get_profile("reasoner")
+    assert "min_p" not in sampling_kwargs(profile, Sampling(temperature=0.7))
+    kwargs = sampling_kwargs(profile, Sampling(temperature=0.7, min_p=0.1))
+    assert kwargs["min_p"] == 0.1 and kwargs["temperature"] == 0.7
+    with pytest.raises(ValueError, match="min_p"):
+        Sampling(min_p=1.5)
 
 
 def test_costs_add_up():

@@ -69,6 +69,8 @@ def resolve_profile(backend: ReasonBackend, profile: ModelProfile | None) -> Mod
 def sampling_kwargs(profile: ModelProfile, sampling: Sampling | None) -> dict[str, Any]:
     s = sampling or profile.sampling
     kwargs = {"temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k}
+    if s.min_p:
+        kwargs["min_p"] = s.min_p
     if s.ignore_eos:
         kwargs["ignore_eos"] = True
     return kwargs
