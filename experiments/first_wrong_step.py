@@ -42,6 +42,9 @@ FAMILIES = ("chain_sum", "basic_arithmetic")
 REWRITE = re.compile(r"^Now: in (.+?), (.+?) is (-?\d+|[+-] \d+): (.+)$", re.M)
 READ = re.compile(r"[Rr]ead ((?:[a-z-]+ \d(?:, )?)+)(?:; (?:[a-z-]+ 0(?:, )?)+ dropped)?"  # v7
                   r"[.,] [Ss]o (?:\S+=)?(-?\d+)")
+# v12's product header and row labels (``44 is tens 4, ones 4; 71 is tens 7, ones 1: 2 rows.``,
+# ``tens row 7: 44*7:``): they spell numbers by place, not columns, so the scan skips them
+LABELS = re.compile(r"\d+ is (?:[a-z-]+ \d(?:, )?)+(?:; |: \d+ rows?\. )|[a-z-]+ row \d: \d+\*\d: ")
 COLUMN = re.compile(r"([a-z-]+) [^;.]*?=(\d+)(?:, (\d) carry \d+)?(?=[;.]|$)"  # a column's fact
                     r"|([a-z-]+) (\d)(?=[;.])")  # its last carry, written as a digit
 
@@ -82,7 +85,7 @@ def _read_errors(thinking: str) -> list[int]:
     for m in READ.finditer(thinking):
         read = [p.rsplit(" ", 1) for p in m[1].split(", ")]
         written = {}
-        for c in COLUMN.finditer(thinking[start:m.start()]):
+        for c in COLUMN.finditer(LABELS.sub("", thinking[start:m.start()])):
             if c[1]:
                 written[c[1]] = c[3] if c[3] is not None else c[2][-1]
             else:

@@ -105,6 +105,11 @@ def _read_out(out: list[int]) -> str:
     return read + (f"; {dropped} dropped" if dropped else "")
 
 
+def _spelled(n: int) -> str:
+    """``n >= 0`` by place from the highest: ``tens 7, ones 1``."""
+    return ", ".join(f"{_place(i)} {d}" for i, d in reversed(list(enumerate(_digits(n)))))
+
+
 def _digits(n: int) -> list[int]:
     """Digits of ``n >= 0``, ones first."""
     return [int(c) for c in reversed(str(n))]
@@ -242,12 +247,20 @@ def sub(a: int, b: int, slip: Slip | None = None) -> Worked:
 def mul_columns(a: int, b: int, slip: Slip | None = None, second_on_top: bool = False) -> Worked:
     """``a * b`` for ``a, b >= 0``: ``a`` times each digit of ``b``, then the partials added.
     ``second_on_top``: ``b`` times each digit of ``a`` where both have two digits or more (v8:
-    the other half of a trace's two ways to work a product, named in its plan)."""
+    the other half of a trace's two ways to work a product, named in its plan).
+
+    v12: both numbers are first spelled by place and the rows counted (``44 is tens 4, ones 4;
+    71 is tens 7, ones 1: 2 rows.``), and each row names its place and digit (``tens row 7:``).
+    v11's wrong greedy products wrote rows from the template, not from the number: one row for
+    a two-digit number (``18*1=18`` for 18 * 71), the same row twice (``80*9`` and ``80*9``
+    times 10 for 80 * 9), or a top number's digits skipped (``4959*6: ones ...; tens ...``)."""
     if (a < 10 and b < 10) or min(a, b) <= 1:
         text, value = _fact(f"{a}*{b}", a * b, slip)
         return Worked(value, text)
     if a < 10 <= b or (second_on_top and b >= 10):  # a one-digit number never goes on top
         a, b = b, a
+    rows = len(_digits(b))
+    header = f"{a} is {_spelled(a)}; {b} is {_spelled(b)}: {rows} row{'s' if rows > 1 else ''}. "
     lines, partials = [], []
     for place, d in enumerate(_digits(b)):
         if d <= 1:
@@ -267,8 +280,9 @@ def mul_columns(a: int, b: int, slip: Slip | None = None, second_on_top: bool = 
                 out.extend(_digits(carry))
             row = int("".join(str(v) for v in reversed(out)))
             text = f"{a}*{d}: " + "; ".join(parts) + f"; read {_read_out(out)}, so {row}"
+        text = f"{_place(place)} row {d}: {text}"
         if b < 10:
-            return Worked(row, text.replace(f", so {row}", f". So {a}*{b}={row}"))
+            return Worked(row, header + text.replace(f", so {row}", f". So {a}*{b}={row}"))
         shifted = row * 10 ** place
         lines.append(text + (f", times {10 ** place} is {shifted}" if place else ""))
         partials.append(shifted)
@@ -277,7 +291,7 @@ def mul_columns(a: int, b: int, slip: Slip | None = None, second_on_top: bool = 
         step = add_columns(value, p, slip)
         lines.append(f"add {value}+{p}: {step.text}")
         value = step.value
-    return Worked(value, "; ".join(lines) + f"; so {a}*{b}={value}")
+    return Worked(value, header + "; ".join(lines) + f"; so {a}*{b}={value}")
 
 
 def mul(a: int, b: int, slip: Slip | None = None, second_on_top: bool = False) -> Worked:
