@@ -42,9 +42,11 @@ FAMILIES = ("chain_sum", "basic_arithmetic")
 REWRITE = re.compile(r"^Now: in (.+?), (.+?) is (-?\d+|[+-] \d+): (.+)$", re.M)
 READ = re.compile(r"[Rr]ead ((?:[a-z-]+ \d(?:, )?)+)(?:; (?:[a-z-]+ 0(?:, )?)+ dropped)?"  # v7
                   r"[.,] [Ss]o (?:\S+=)?(-?\d+)")
-# v12's product header and row labels (``44 is tens 4, ones 4; 71 is tens 7, ones 1: 2 rows.``,
-# ``tens row 7: 44*7:``): they spell numbers by place, not columns, so the scan skips them
-LABELS = re.compile(r"\d+ is (?:[a-z-]+ \d(?:, )?)+(?:; |: \d+ rows?\. )|[a-z-]+ row \d: \d+\*\d: ")
+# a product's header and row labels (``44 is tens 4, ones 4; 71 is tens 7, ones 1: 2 rows.``;
+# v12 ``tens row 7: 44*7:``, since ``row 2 of 2, tens 7: 44*7:``): they spell numbers by place,
+# not columns, so the scan skips them
+LABELS = re.compile(r"\d+ is (?:[a-z-]+ \d(?:, )?)+(?:; |: \d+ rows?\. )"
+                    r"|(?:[a-z-]+ row \d|row \d+ of \d+, [a-z-]+ \d): \d+\*\d: ")
 COLUMN = re.compile(r"([a-z-]+) [^;.]*?=(\d+)(?:, (\d) carry \d+)?(?=[;.]|$)"  # a column's fact
                     r"|([a-z-]+) (\d)(?=[;.])")  # its last carry, written as a digit
 

@@ -249,11 +249,13 @@ def mul_columns(a: int, b: int, slip: Slip | None = None, second_on_top: bool = 
     ``second_on_top``: ``b`` times each digit of ``a`` where both have two digits or more (v8:
     the other half of a trace's two ways to work a product, named in its plan).
 
-    v12: both numbers are first spelled by place and the rows counted (``44 is tens 4, ones 4;
-    71 is tens 7, ones 1: 2 rows.``), and each row names its place and digit (``tens row 7:``).
-    v11's wrong greedy products wrote rows from the template, not from the number: one row for
-    a two-digit number (``18*1=18`` for 18 * 71), the same row twice (``80*9`` and ``80*9``
-    times 10 for 80 * 9), or a top number's digits skipped (``4959*6: ones ...; tens ...``)."""
+    Both numbers are first spelled by place and the rows counted (``44 is tens 4, ones 4; 71 is
+    tens 7, ones 1: 2 rows.``), and each row names its number among them, its place and its
+    digit (``row 2 of 2, tens 7:``). v11's wrong greedy products wrote rows from the template,
+    not from the number: one row for a two-digit number (``18*1=18`` for 18 * 71), the same row
+    twice (``80*9`` and ``80*9`` times 10 for 80 * 9), a top number's digits skipped. v12 (the
+    count in the header only, rows labelled ``tens row 7:``) wrote the header right and still
+    repeated the last row: the label now says which row is the last."""
     if (a < 10 and b < 10) or min(a, b) <= 1:
         text, value = _fact(f"{a}*{b}", a * b, slip)
         return Worked(value, text)
@@ -280,7 +282,7 @@ def mul_columns(a: int, b: int, slip: Slip | None = None, second_on_top: bool = 
                 out.extend(_digits(carry))
             row = int("".join(str(v) for v in reversed(out)))
             text = f"{a}*{d}: " + "; ".join(parts) + f"; read {_read_out(out)}, so {row}"
-        text = f"{_place(place)} row {d}: {text}"
+        text = f"row {place + 1} of {rows}, {_place(place)} {d}: {text}"
         if b < 10:
             return Worked(row, header + text.replace(f", so {row}", f". So {a}*{b}={row}"))
         shifted = row * 10 ** place
