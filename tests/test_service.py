@@ -107,7 +107,8 @@ def test_streamed_reply_is_the_plain_reply_in_pieces(client):
 @pytest.mark.server
 def test_n4_votes_over_samples_that_share_one_prefill(client):
     r = client.chat.completions.create(model="reasoner", n=4, messages=[
-        {"role": "user", "content": QUESTION}], max_tokens=64, extra_body=SHORT)
+        {"role": "user", "content": QUESTION}], max_tokens=64,
+        extra_body={**SHORT, "min_p": 0.1})
     assert len(r.choices) == 5  # the voted answer, then the four samples
     vote = r.model_extra["vote"]
     answers = [c.model_extra["answer"] for c in r.choices[1:]]
@@ -174,6 +175,7 @@ def test_a_client_that_leaves_mid_stream_frees_the_servers_kv(gateway, client):
     ({"max_thinking_tokens": 0}, 400, "max_thinking_tokens"),
     ({"reasoning_effort": "extreme"}, 400, "reasoning_effort"),
     ({"temperature": -1}, 400, "temperature"),
+    ({"min_p": 1.5}, 400, "min_p"),
     ({"thinking_kv_policy": "forget"}, 400, "release-on-answer"),
     ({"early_stop": {"signal": "psychic"}}, 400, "early_stop"),
     ({"early_stop": {"signal": "probe", "chunk": 8}}, 400, "early_stop"),

@@ -101,7 +101,8 @@ def test_results_and_rewrites_are_copied_by_name_not_assembled_silently():
     assert arith.work(112, "-", 20).text.endswith("Read tens 9, ones 2; hundreds 0 dropped. So 112-20=92")
     assert arith.work(100, "-", 100).text.endswith("Read ones 0; hundreds 0, tens 0 dropped. So 100-100=0")
     product = arith.work(94, "*", 28).text
-    assert "hundreds 7; read hundreds 7, tens 5, ones 2, so 752; row 2 of 2, tens 2: 94*2:" in product
+    assert ("hundreds 7; read hundreds 7, tens 5, ones 2, so 752; row 2 of 2, tens 2: 94*2:"
+            in product)
     def unslipped(expression, answer):
         entry = {"question": "q", "answer": answer, "metadata": {"expression": expression}}
         return next(t for s in range(50)
@@ -310,7 +311,8 @@ def test_a_problem_is_worked_in_several_ways_named_in_the_plan():
     assert second.value == 2632 and "row 1 of 2, ones 4: 28*4:" in second.text
     assert second.text.endswith("so 28*94=2632")
     # never 1 digit on top
-    assert "7 is ones 7: 1 row. row 1 of 1, ones 7: 28*7" in arith.work(7, "*", 28, second_on_top=True).text
+    one_digit = arith.work(7, "*", 28, second_on_top=True).text
+    assert "7 is ones 7: 1 row. row 1 of 1, ones 7: 28*7" in one_digit
     entry = {"question": "q", "answer": "2668", "metadata": {"expression": "94 * 28 + 89 + -53"}}
     plans = {trace_for("basic_arithmetic", entry, random.Random(s)).thinking.splitlines()[0]
              for s in range(20)}
@@ -318,17 +320,18 @@ def test_a_problem_is_worked_in_several_ways_named_in_the_plan():
 
 
 def test_a_products_rows_follow_its_numbers_digits():
-    """v12: v11's wrong greedy products wrote rows from the template (one row for 18 * 71, the
+    """v11's wrong greedy products wrote rows from the template (one row for 18 * 71, the
     same row twice for 80 * 9). The numbers are spelled by place, the rows counted, and each
     row names its number among them (v12, which named only the place, repeated the last row),
     its place and digit, so the trace writes as many rows as the number has digits."""
     one = arith.work(80, "*", -9).text
-    assert one == ("the sign is negative; 80 is tens 8, ones 0; 9 is ones 9: 1 row. row 1 of 1, ones 9: "
-                   "80*9: ones 0*9=0; tens 8*9=72, 2 carry 7; hundreds 7; read hundreds 7, "
-                   "tens 2, ones 0. So 80*9=720, so -720")
+    assert one == ("the sign is negative; 80 is tens 8, ones 0; 9 is ones 9: 1 row. "
+                   "row 1 of 1, ones 9: 80*9: ones 0*9=0; tens 8*9=72, 2 carry 7; hundreds 7; "
+                   "read hundreds 7, tens 2, ones 0. So 80*9=720, so -720")
     two = arith.work(18, "*", 71)
     assert two.value == 1278 and two.text.startswith(
-        "18 is tens 1, ones 8; 71 is tens 7, ones 1: 2 rows. row 1 of 2, ones 1: 18*1=18; row 2 of 2, tens 7: 18*7:")
+        "18 is tens 1, ones 8; 71 is tens 7, ones 1: 2 rows. "
+        "row 1 of 2, ones 1: 18*1=18; row 2 of 2, tens 7: 18*7:")
     rng = random.Random(3)
     for _ in range(300):
         a, b = rng.randint(0, 9999), rng.randint(0, 99)
