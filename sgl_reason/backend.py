@@ -26,6 +26,7 @@ import http.client
 import json
 import logging
 import threading
+import time
 import urllib.error
 import uuid
 import warnings
@@ -176,6 +177,28 @@ class ReasonBackend(RuntimeEndpoint):
         clone = self.scoped()
         clone.cancel_scope = CancelScope(self.base_url, self.api_key)
         return clone, clone.cancel_scope
+
+    def flush_cache(self, wait: float = 120.0) -> None:
+        """Empty the server's radix cache. SGLang refuses while any request is in its batch, and
+        a request whose reply has arrived can still be in it for a step (an aborted one for
+        longer): a notebook's flush right after a program failed that way. So this retries
+        until the server is idle, for up to ``wait`` seconds (30 s once ran out in the full
+        suite while a second server started beside this one on the 2 CPU cores)."""
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                res = http_request(self.base_url + "/flush_cache", api_key=self.api_key,
+                                   method="POST")
+            except _CONNECTION_ERRORS as error:
+                raise _unreachable(self.base_url, error) from error
+            if res.status_code == 200:
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"the server at {self.base_url} kept refusing to flush its cache for "
+                    f"{wait:.0f} s ({res.text.strip()}): a request "
+                    "is still running there; wait for it or abort it, then flush again.")
+            time.sleep(0.2)
 
     # -- server facts, asked once per backend ---------------------------------------------------
     @property

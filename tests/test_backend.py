@@ -72,3 +72,38 @@ def test_a_plain_function_streams_and_its_cost_is_recorded_when_the_stream_ends(
 
     assert asyncio.run(collect()) == whole["a"]
     assert backend.recorder.snapshot().requests == 2
+
+
+@pytest.mark.server
+def test_a_flush_waits_for_the_running_request_then_empties_the_cache(runtime):
+    """SGLang refuses a flush while a request is in its batch (a notebook's flush right after a
+    program once failed so): the backend's flush waits for the server to be idle, and says
+    what to do when it waits too long."""
+    import json
+    import threading
+
+    import requests
+
+    body = {"text": PROMPT, "stream": True,
+            "sampling_params": {"max_new_tokens": 160, "temperature": 0, "ignore_eos": True}}
+    started, tokens = threading.Event(), []
+
+    def stream():
+        with requests.post(runtime.url + "/generate", json=body, stream=True, timeout=300) as r:
+            for line in r.iter_lines():
+                if line.startswith(b"data:") and line != b"data: [DONE]":
+                    tokens.append(json.loads(line[5:])["meta_info"]["completion_tokens"])
+                    started.set()
+
+    thread = threading.Thread(target=stream)
+    thread.start()
+    try:
+        assert started.wait(120)
+        with pytest.raises(RuntimeError, match="a request is still running there; wait for it"):
+            runtime.endpoint.flush_cache(wait=0.5)
+        runtime.endpoint.flush_cache()  # waits out the 160 tokens
+    finally:
+        thread.join()
+    assert tokens[-1] == 160
+    out = runtime.generate(PROMPT, max_new_tokens=1)
+    assert out["meta_info"]["cached_tokens"] == 0  # the flush emptied the tree

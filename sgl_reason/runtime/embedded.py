@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -126,17 +125,8 @@ class EmbeddedRuntime:
         return requests.get(self.url + "/get_server_info", timeout=10).json()
 
     def flush_cache(self, wait: float = 120.0) -> None:
-        """Empty the radix cache. SGLang refuses while requests run (an aborted one may still
-        be finishing), so this retries until the server is idle, for up to ``wait`` seconds.
-        30 s once ran out in the full suite while a second server was starting beside this one
-        on the 2 CPU cores."""
-        deadline = time.monotonic() + wait
-        while True:
-            response = requests.post(self.url + "/flush_cache", timeout=30)
-            if response.ok or time.monotonic() > deadline:
-                response.raise_for_status()
-                return
-            time.sleep(0.2)
+        """Empty the radix cache, once the server is idle (:meth:`ReasonBackend.flush_cache`)."""
+        self.endpoint.flush_cache(wait)
 
     def generate(self, text: str | list[str], **sampling_params) -> dict | list[dict]:
         """One ``/generate`` call with the given sampling parameters (no frontend involved)."""
