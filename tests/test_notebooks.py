@@ -9,6 +9,9 @@ import pytest
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
 ON_SMOLLM2 = {"03_kv_memory_over_time"}
+# starts two servers of its own (thinking-KV, FP8): ~110 s, so `make test-all` runs it, CI not;
+# what it plots is tested on its own in tests/runtime and tests/programs
+EXTENDED = {"03_kv_memory_over_time"}
 
 pytestmark = pytest.mark.server
 
@@ -17,7 +20,9 @@ def test_there_are_notebooks():
     assert len(NOTEBOOKS) >= 3
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", [
+    pytest.param(p, marks=pytest.mark.extended) if p.stem in EXTENDED else p for p in NOTEBOOKS],
+    ids=lambda p: p.stem)
 def test_notebook_runs(path, request, monkeypatch):
     import nbformat
     from nbclient import NotebookClient

@@ -8,7 +8,7 @@ import pytest
 
 from sgl_reason.bench.soak import EXPECTED, run
 
-pytestmark = pytest.mark.server
+pytestmark = [pytest.mark.server, pytest.mark.extended]
 
 
 def test_a_short_soak_accounts_for_every_request_and_slot():

@@ -106,6 +106,7 @@ def test_a_cue_probe_stops_the_reasoner_when_it_turns_to_its_check(reasoner):
     assert result.cost.decode_tokens < full.cost.decode_tokens
 
 
+@pytest.mark.extended
 def test_chunked_thinking_runs_past_32_chunks(reasoner):
     """SGLang's interpreter appends the chat template's stop strings to the stop list it is
     given: a list shared by every chunk grew by one per chunk until the server refused the

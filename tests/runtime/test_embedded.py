@@ -76,6 +76,7 @@ def test_runtime_cleanup_and_pool_limit():
     assert set(shm.iterdir()) - before == set()
 
 
+@pytest.mark.extended
 def test_a_picked_port_taken_during_start_up_is_replaced(caplog):
     """Another process binds the port the runtime picked before the server does: the start
     sees uvicorn's bind error (the server would hang, not exit), retries on another port, and

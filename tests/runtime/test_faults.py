@@ -16,7 +16,7 @@ import pytest
 import sgl_reason
 from sgl_reason import EmbeddedRuntime, ServerUnreachable
 
-pytestmark = pytest.mark.server
+pytestmark = [pytest.mark.server, pytest.mark.extended]
 
 # A long budget keeps requests running until the kill (five of them reserve 10,000 of the
 # 16,384-token pool, leaving room for the eval's requests). One run's think-then-answer

@@ -224,6 +224,7 @@ def test_per_token_server_generates_and_refuses_bad_flags():
 
 
 @pytest.mark.server
+@pytest.mark.extended
 def test_int8_per_token_head_server_reads_what_16_bit_reads(fresh_cache):
     """``--kv-cache-dtype int8_per_token_head`` (vLLM's name) builds the int8 pool, and its
     next-token distributions along a teacher-forced text stay close to the 16-bit server's;

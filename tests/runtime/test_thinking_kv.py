@@ -445,56 +445,64 @@ def test_serve_refuses_a_window_larger_than_the_context():
 
 # -- release under pressure (its own small pool) ------------------------------------------------
 
+PRESSURE_METRICS = ("thinking_kv_pressure_releases", "thinking_kv_released_tokens",
+                    "retracted_requests")
+
+
+def _small_pool(pool: int, env: dict | None = None) -> EmbeddedRuntime:
+    return EmbeddedRuntime(extra_args=["--thinking-kv-policy", "keep", "--enable-metrics",
+                                       "--max-total-tokens", str(pool), *FRESH_LOADS],
+                           env=STRICT | (env or {}))
+
+
+def _pressure_rows(rt, policies: tuple[str, ...]) -> list[tuple]:
+    """Four 32/96/32 requests at once per policy: each row is their output ids and how much
+    each of PRESSURE_METRICS grew."""
+    rows = []
+    w = Workload(rt.url, (32, T, A), 4)
+    ids = [w._tokenize(p) for p in w.prompts]
+    for policy in policies:
+        before = [_metric(rt.url, f"sgl_reason:{name}_total") for name in PRESSURE_METRICS]
+        bodies = [w.body(i, policy) for i in range(4)]
+        out = _generate(rt.url, {
+            "input_ids": ids, "return_logprob": True,
+            "sampling_params": [b["sampling_params"] for b in bodies],
+            "custom_logit_processor": [b["custom_logit_processor"] for b in bodies]})
+        after = [_metric(rt.url, f"sgl_reason:{name}_total") for name in PRESSURE_METRICS]
+        assert all(len(_output_ids(o)) == T + len(w.end_ids) + A for o in out)
+        rows.append(([_output_ids(o) for o in out], *(b - a for a, b in zip(before, after))))
+        requests.post(rt.url + "/flush_cache", timeout=30).raise_for_status()
+        assert _used(rt.url) == 0
+    return rows
+
+
 def test_release_on_pressure_frees_only_when_decode_would_not_fit(server):
     """Four 32/96/32 requests need ~4 x 161 slots at their peak. On the module's 1,536-token
     pool nothing is short: release-on-pressure frees nothing and its tokens are keep's. On a
     pool that holds about three of them at their peak (admission credits the release, as for
     release-on-answer), decode runs short while they answer: thinking KV is freed, lowest score
-    first, instead of a retraction. A mixed load (forks, keep, pressure, declared thinking,
-    aborts) is retracted and released on that pool, and no slot leaks under SGLang's strict
-    checks."""
-    names = ("thinking_kv_pressure_releases", "thinking_kv_released_tokens", "retracted_requests")
+    first, instead of a retraction."""
+    requests.post(server.url + "/flush_cache", timeout=30).raise_for_status()
+    roomy_keep, roomy = _pressure_rows(server, ("keep", "release-on-pressure"))
+    assert roomy[1:] == (0, 0, 0) and roomy[0] == roomy_keep[0]  # nothing short: keep's tokens
+    with _small_pool(560) as rt:
+        (tight,) = _pressure_rows(rt, ("release-on-pressure",))
+    assert tight[1] > 0 and 0 < tight[2] <= 4 * RELEASED and tight[3] == 0, tight[1:]
 
-    def run(pool: int, policies: tuple[str, ...], then=None, env=None) -> list[tuple]:
-        with EmbeddedRuntime(extra_args=["--thinking-kv-policy", "keep", "--enable-metrics",
-                                         "--max-total-tokens", str(pool), *FRESH_LOADS],
-                             env=STRICT | (env or {})) as rt:
-            return run_on(rt, policies, then)
 
-    def run_on(rt, policies: tuple[str, ...], then=None) -> list[tuple]:
-        rows = []
+@pytest.mark.extended
+def test_a_retracted_mixed_load_is_released_again_and_leaks_nothing(server):
+    """On the same small pool, SGLang's own test switch retracts a request every 25 steps:
+    every kind of request at once (keep and forks of one prompt, release-on-pressure, declared
+    thinking released at once, two aborted while answering) comes back whole, is re-prefilled
+    and released again, and every slot comes back under SGLang's strict checks."""
+    requests.post(server.url + "/flush_cache", timeout=30).raise_for_status()
+    ((thoughts, *_),) = _pressure_rows(server, ("keep",))  # each one's thinking, then answer
+    with _small_pool(560, {"SGLANG_TEST_RETRACT": "1",
+                           "SGLANG_TEST_RETRACT_INTERVAL": "25"}) as rt:
         w = Workload(rt.url, (32, T, A), 4)
         ids = [w._tokenize(p) for p in w.prompts]
-        for policy in policies:
-            before = [_metric(rt.url, f"sgl_reason:{name}_total") for name in names]
-            bodies = [w.body(i, policy) for i in range(4)]
-            out = _generate(rt.url, {
-                "input_ids": ids, "return_logprob": True,
-                "sampling_params": [b["sampling_params"] for b in bodies],
-                "custom_logit_processor": [b["custom_logit_processor"] for b in bodies]})
-            after = [_metric(rt.url, f"sgl_reason:{name}_total") for name in names]
-            assert all(len(_output_ids(o)) == T + len(w.end_ids) + A for o in out)
-            rows.append(([_output_ids(o) for o in out],
-                         *(b - a for a, b in zip(before, after))))
-            requests.post(rt.url + "/flush_cache", timeout=30).raise_for_status()
-            assert _used(rt.url) == 0
-        if then is not None:
-            retracted = _metric(rt.url, "sgl_reason:retracted_requests_total")
-            then(rt, w, ids)
-            rt.flush_cache()  # waits for the aborted requests to finish
-            assert _used(rt.url) == 0 and "leak" not in rt.server.tail(80).lower()
-            rows.append(_metric(rt.url, "sgl_reason:retracted_requests_total") - retracted)
-        return rows
-
-    requests.post(server.url + "/flush_cache", timeout=30).raise_for_status()
-    roomy_keep, roomy = run_on(server, ("keep", "release-on-pressure"))  # the module's 1,536
-    assert roomy[1:] == (0, 0, 0) and roomy[0] == roomy_keep[0]  # nothing short: keep's tokens
-    thoughts = roomy_keep[0]  # each request's thinking and marker, then its answer
-
-    def mixed(rt, w, ids):
-        """Every kind of request at once on the tight pool, retracted by the switch as they
-        run: keep and forks of one prompt, release-on-pressure, declared thinking released at
-        once, and two aborted while answering; every slot must come back."""
+        retracted = _metric(rt.url, "sgl_reason:retracted_requests_total")
         marker = len(w.end_ids)
         assert all(t[T:T + marker] == w.end_ids for t in thoughts)
         declared = [_declared_body(ids[i] + thoughts[i][:T + marker], len(ids[i]),
@@ -529,11 +537,6 @@ def test_release_on_pressure_frees_only_when_decode_would_not_fit(server):
         assert results == {"fork0": full, "fork1": full, "keep": full, "pressure": full,
                            "declared0": A, "declared1": A, "abort0": "aborted",
                            "abort1": "aborted"}, results
-
-    (tight,) = run(560, ("release-on-pressure",))
-    assert tight[1] > 0 and 0 < tight[2] <= 4 * RELEASED and tight[3] == 0, tight[1:]
-    # SGLang's own test switch retracts a request every 25 steps: released, declared and
-    # pressured requests come back whole, are re-prefilled and released again
-    (retracted,) = run(560, (), mixed, {"SGLANG_TEST_RETRACT": "1",
-                                        "SGLANG_TEST_RETRACT_INTERVAL": "25"})
-    assert retracted >= 3, retracted
+        rt.flush_cache()  # waits for the aborted requests to finish
+        assert _used(rt.url) == 0 and "leak" not in rt.server.tail(80).lower()
+        assert _metric(rt.url, "sgl_reason:retracted_requests_total") - retracted >= 3
