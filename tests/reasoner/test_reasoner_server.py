@@ -122,7 +122,9 @@ def test_chunked_thinking_runs_past_32_chunks(reasoner):
     assert s.answer is not None and result.cost.requests > 33
 
 
-@pytest.mark.parametrize("route", ["two", "chunked"])
+# the two-request route's answer request is the chunked route's (both declare where the thinking
+# starts): make test-all runs it
+@pytest.mark.parametrize("route", [pytest.param("two", marks=pytest.mark.extended), "chunked"])
 def test_every_route_releases_the_thinking(reasoner, route):
     """The two-request route and the chunked route (an early stop ending the thinking) write
     the marker as prompt text: their answer request declares where its thinking starts, and

@@ -94,6 +94,12 @@ def _generate(url: str, body: dict) -> dict:
     return r.json()
 
 
+def _generate_together(url: str, bodies: list[dict]) -> list[dict]:
+    """``bodies`` as one batched request (one arrival: the same batches on every server)."""
+    keys = ("text", "sampling_params", "custom_logit_processor")
+    return _generate(url, {"return_logprob": True} | {k: [b[k] for b in bodies] for k in keys})
+
+
 def _output_ids(out: dict) -> list[int]:
     return [t[1] for t in out["meta_info"]["output_token_logprobs"]]
 
@@ -239,16 +245,16 @@ def test_a_declared_thinking_without_the_marker_is_a_400(server, work):
 
 def test_no_released_request_reads_a_freed_column(server, work):
     """Freed columns point at slot 0. On a server whose slot 0 holds NaN keys and huge values,
-    released requests (window-only and scored) still produce exactly the tokens they produce
-    on a clean server: no freed column is ever read."""
+    released requests (window-only and scored), batched with a kept one, still produce exactly
+    the tokens they produce on a clean server: no freed column is ever read."""
     bodies = [_release_body(work, 0, None), _release_body(work, 1, 0.25),
               _release_body(work, 2, 0.5), work.body(3, "keep")]
-    clean = [_output_ids(_generate(server.url, b)) for b in bodies]
+    clean = [_output_ids(o) for o in _generate_together(server.url, bodies)]
     env = STRICT | {"SGL_REASON_POISON_PADDING_SLOT": "1"}
     with EmbeddedRuntime(extra_args=["--thinking-kv-policy", "keep", "--max-total-tokens",
                                      "1536"], env=env) as rt:
         assert "KV slot 0 poisoned" in rt.server.tail(200)
-        poisoned = [_output_ids(_generate(rt.url, b)) for b in bodies]
+        poisoned = [_output_ids(o) for o in _generate_together(rt.url, bodies)]
         # the scored release read its scores from the attention of its last 32 steps
         assert "scores from 32 observed steps" in rt.server.tail(400)
     assert rt.server.group_pids() == []
