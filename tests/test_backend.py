@@ -1,4 +1,5 @@
-"""ReasonBackend against the real server: token-exact continuation of a trace made in pieces."""
+"""ReasonBackend against the real server: token-exact continuation of a trace made in pieces, the
+streamed cost, and a cache flush that waits for the server to be idle."""
 
 from __future__ import annotations
 
