@@ -378,6 +378,9 @@ class ServerProcess:
             return
         atexit.unregister(self.stop)
         pgid = self.proc.pid
+        # asked again here, while the group lives: a start that failed (a port taken during
+        # start-up) stops a group whose files were never listed at ready
+        self._shm = sorted(set(self._shm) | set(_leftover_shm(self.group_pids())))
         if self.proc.poll() is None:
             try:
                 os.kill(pgid, signal.SIGINT)

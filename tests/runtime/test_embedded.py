@@ -83,6 +83,8 @@ def test_a_picked_port_taken_during_start_up_is_replaced(caplog):
     leaves nothing of the failed try behind."""
     from sgl_reason.runtime.server import ServerProcess
 
+    shm = Path("/dev/shm")
+    before = set(shm.iterdir())
     proc = ServerProcess(extra_args=["--max-total-tokens", "512"])
     taken = proc.port
     with socket.socket() as other:
@@ -96,6 +98,7 @@ def test_a_picked_port_taken_during_start_up_is_replaced(caplog):
         finally:
             proc.stop()
     assert proc.group_pids() == []
+    assert set(shm.iterdir()) - before == set()  # the failed try's files too
 
 
 def test_a_bad_flag_fails_with_the_one_line_that_names_it():
