@@ -183,7 +183,8 @@ class ReasonBackend(RuntimeEndpoint):
         a request whose reply has arrived can still be in it for a step (an aborted one for
         longer): a notebook's flush right after a program failed that way. So this retries
         until the server is idle, for up to ``wait`` seconds (30 s once ran out in the full
-        suite while a second server started beside this one on the 2 CPU cores)."""
+        suite while a second server started beside this one on the 2 CPU cores). Any refusal
+        but SGLang's busy 400 raises at once."""
         deadline = time.monotonic() + wait
         while True:
             try:
@@ -193,6 +194,8 @@ class ReasonBackend(RuntimeEndpoint):
                 raise _unreachable(self.base_url, error) from error
             if res.status_code == 200:
                 return
+            if res.status_code != 400:  # not SGLang's "busy": a wrong API key, a proxy's error
+                self._assert_success(res)
             if time.monotonic() > deadline:
                 raise RuntimeError(
                     f"the server at {self.base_url} kept refusing to flush its cache for "

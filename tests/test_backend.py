@@ -108,3 +108,17 @@ def test_a_flush_waits_for_the_running_request_then_empties_the_cache(runtime):
     assert tokens[-1] == 160
     out = runtime.generate(PROMPT, max_new_tokens=1)
     assert out["meta_info"]["cached_tokens"] == 0  # the flush emptied the tree
+
+
+@pytest.mark.server
+def test_a_flush_refused_for_another_reason_than_busy_raises_at_once(runtime):
+    """Only SGLang's busy 400 is waited out: any other refusal (a wrong API key's 401, a wrong
+    path's 404) raises with the server's own answer, not the busy message ``wait`` seconds on."""
+    import copy
+
+    backend = copy.copy(runtime.endpoint)
+    backend.base_url = runtime.url + "/no/such/prefix"  # the real server answers 404 here
+    with pytest.raises(RuntimeError) as error:
+        backend.flush_cache(wait=300)
+    assert "Not Found" in str(error.value)
+    assert "kept refusing" not in str(error.value)
