@@ -114,9 +114,7 @@ def test_a_flush_waits_for_the_running_request_then_empties_the_cache(runtime):
 def test_a_flush_refused_for_another_reason_than_busy_raises_at_once(runtime):
     """Only SGLang's busy 400 is waited out: any other refusal (a wrong API key's 401, a wrong
     path's 404) raises with the server's own answer, not the busy message ``wait`` seconds on."""
-    import copy
-
-    backend = copy.copy(runtime.endpoint)
+    backend = runtime.endpoint.scoped()
     backend.base_url = runtime.url + "/no/such/prefix"  # the real server answers 404 here
     with pytest.raises(RuntimeError) as error:
         backend.flush_cache(wait=300)
